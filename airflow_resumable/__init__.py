@@ -1,0 +1,7 @@
+"""airflow-provider-resumable: resumable batch tasks for Apache Airflow.
+
+The journal core (:mod:`airflow_resumable.journal`, :mod:`airflow_resumable.runner`) imports nothing
+from Airflow; the operators and sensors adapt Airflow's context to it.
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,385 @@
+"""The resumable runner: the per-item state machine over the step journal (SPEC §3).
+
+It imports nothing from Airflow. The whole decision for one step found in the journal is
+:func:`_decide`, a table you can read in one screen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_resumable.journal import HeldReason, HeldStep, JobRun, Status, StepJournal
+
+__all__ = [
+    "BatchProgress",
+    "BatchResult",
+    "HeldStep",
+    "InvalidItemError",
+    "InvalidStepOutputError",
+    "Step",
+    "StepContext",
+    "canonical_digest",
+    "idempotency_key",
+    "run_batch",
+]
+
+log = logging.getLogger(__name__)
+
+MAX_OUTPUT_BYTES = 64 * 1024
+MAX_ID_LENGTH = 1024
+# Items validated and looked up together: one journal query per chunk, not one per step.
+CHUNK_SIZE = 500
+
+
+class InvalidItemError(ValueError):
+    """An item (or a step's output for it) is not usable; the message names the item."""
+
+
+class InvalidStepOutputError(InvalidItemError):
+    """A step returned something that is not JSON or is over 64 KiB."""
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What a step function (and a verify function) is told about the step it is running."""
+
+    job_id: str
+    item_id: str
+    step: str
+    digest: str
+    idempotency_key: str
+    outputs: Mapping[str, Any]  # recorded outputs of the item's earlier steps, by step name
+
+
+StepFn = Callable[[Mapping[str, Any], StepContext], Any]
+VerifyFn = Callable[[StepContext], "str | None"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of every item.
+
+    :param name: the step's name in the journal (stable across runs).
+    :param fn: ``fn(item, ctx)``; its JSON-serialisable return value is recorded (for a side effect:
+        its receipt).
+    :param side_effect: True when the step reaches outside (sends, pays, mails). Such a step found
+        ``IN_FLIGHT`` or ``FAILED`` is never re-run blindly: it is verified or held.
+    :param verify: ``verify(ctx)`` returns the receiver's receipt for ``ctx.idempotency_key`` if it
+        has one, else None. Side-effect steps only.
+    """
+
+    name: str
+    fn: StepFn
+    side_effect: bool = False
+    verify: VerifyFn | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("a Step needs a non-empty name")
+        if not callable(self.fn):
+            raise ValueError(f"step {self.name!r}: fn must be callable")
+        if self.verify is not None and not self.side_effect:
+            raise ValueError(f"step {self.name!r}: verify only makes sense for a side_effect step")
+        if self.verify is not None and not callable(self.verify):
+            raise ValueError(f"step {self.name!r}: verify must be callable")
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    items_done: int
+    items_total: int | None  # None when the items' count is not known up front (a generator)
+    executed_steps: int
+    skipped_steps: int
+    held: int
+    elapsed: float
+
+
+@dataclass
+class BatchResult:
+    job_id: str
+    status: str  # "completed" | "needs_review"
+    executed_steps: int = 0
+    skipped_steps: int = 0
+    verified_steps: int = 0  # side-effect steps found by verify (counted in skipped_steps too)
+    held: list[HeldStep] = field(default_factory=list)
+    items_total: int = 0
+    items_completed: int = 0
+    elapsed: float = 0.0
+
+
+def canonical_digest(item: Mapping[str, Any]) -> str:
+    """SHA-256 of the item's canonical JSON (sorted keys, no whitespace)."""
+    text = json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def idempotency_key(job_id: str, item_id: str, step: str) -> str:
+    """A key deterministic in (job_id, item_id, step), distinct across them, safe in an HTTP header."""
+    material = json.dumps([job_id, item_id, step], ensure_ascii=False, separators=(",", ":"))
+    return "rsm1-" + hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
+# --------------------------------------------------------------------------- the decision table
+
+
+RUN, SKIP, VERIFY, HOLD_CHANGED = "run", "skip", "verify", "hold_input_changed"
+
+
+def _decide(row: tuple[Any, ...] | None, digest: str, side_effect: bool) -> str:
+    """What to do with one step, given its journal row (status, digest, ...) or None.
+
+    | journal row                       | local step | side-effect step            |
+    |-----------------------------------|------------|-----------------------------|
+    | none                              | run        | run                         |
+    | digest differs from the input's   | hold item (input_changed)                |
+    | SUCCEEDED                         | skip       | skip                        |
+    | IN_FLIGHT or FAILED               | run again  | verify: receipt -> skip,    |
+    |                                   |            | else hold (unknown_outcome) |
+    """
+    if row is None:
+        return RUN
+    status, row_digest = row[0], row[1]
+    if row_digest != digest:
+        return HOLD_CHANGED
+    if status == Status.SUCCEEDED:
+        return SKIP
+    return VERIFY if side_effect else RUN
+
+
+# ------------------------------------------------------------------------------------ the runner
+
+
+@dataclass
+class _Prepared:
+    item_id: str
+    item: Mapping[str, Any]
+    digest: str
+
+
+def _item_id(item: object, id_field: str, position: int) -> str:
+    if not isinstance(item, Mapping):
+        raise InvalidItemError(f"item at position {position} is a {type(item).__name__}, not a mapping")
+    if id_field not in item:
+        raise InvalidItemError(f"item at position {position} has no {id_field!r} field")
+    raw = item[id_field]
+    # bool is an int subclass, but True as an id is a bug, not an id.
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise InvalidItemError(
+            f"item at position {position}: {id_field!r} must be a string or an integer, "
+            f"not {type(raw).__name__}"
+        )
+    item_id = str(raw)
+    if not item_id.strip():
+        raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
+    if len(item_id) > MAX_ID_LENGTH:
+        raise InvalidItemError(
+            f"item at position {position}: {id_field!r} is {len(item_id)} characters (at most {MAX_ID_LENGTH})"
+        )
+    return item_id
+
+
+def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRun) -> list[_Prepared]:
+    """Validate a whole chunk before any item of it is touched."""
+    prepared: list[_Prepared] = []
+    ids_here: set[str] = set()
+    for offset, item in enumerate(chunk):
+        item_id = _item_id(item, id_field, first_position + offset)
+        if item_id in ids_here:
+            raise InvalidItemError(f"item {item_id!r} appears twice in this batch; ids must be unique")
+        ids_here.add(item_id)
+        assert isinstance(item, Mapping)
+        try:
+            digest = canonical_digest(item)
+        except (TypeError, ValueError) as exc:
+            raise InvalidItemError(
+                f"item {item_id!r} is not JSON-serialisable ({type(exc).__name__}); items must be plain "
+                "JSON data: str, int, float, bool, None, lists and dicts with string keys"
+            ) from None
+        prepared.append(_Prepared(item_id, item, digest))
+    repeated = run.already_seen([p.item_id for p in prepared])
+    if repeated:
+        raise InvalidItemError(f"item {repeated[0]!r} appears twice in this batch; ids must be unique")
+    return prepared
+
+
+def _encode_output(value: Any, item_id: str, step: str) -> str:
+    try:
+        text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidStepOutputError(
+            f"step {step!r} of item {item_id!r} returned a value that is not JSON ({type(exc).__name__}); "
+            "return plain JSON data (a receipt string, a dict, ...)"
+        ) from None
+    if len(text.encode("utf-8")) > MAX_OUTPUT_BYTES:
+        raise InvalidStepOutputError(
+            f"step {step!r} of item {item_id!r} returned {len(text.encode('utf-8'))} bytes of output "
+            f"(at most {MAX_OUTPUT_BYTES}); keep large data outside the journal and return a reference"
+        )
+    return text
+
+
+def _receipt_of(value: Any, encoded: str) -> str | None:
+    if value is None:
+        return None
+    return value if isinstance(value, str) else encoded
+
+
+def _chunks(items: Iterable[object]) -> Iterator[list[object]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, CHUNK_SIZE)):
+        yield chunk
+
+
+class _Batch:
+    """One run of one job: walks the items and applies :func:`_decide` to every step."""
+
+    def __init__(self, run: JobRun, steps: list[Step], result: BatchResult) -> None:
+        self.run = run
+        self.steps = steps
+        self.result = result
+
+    def item(self, p: _Prepared, rows: Mapping[str, tuple[Any, ...]]) -> None:
+        job_id, result = self.run.job_id, self.result
+        outputs: dict[str, str] = {}  # step -> recorded JSON, decoded only if a later step runs
+        for step in self.steps:
+            row = rows.get(step.name)
+            action = _decide(row, p.digest, step.side_effect)
+            if action == HOLD_CHANGED:
+                assert row is not None
+                if row[3] != HeldReason.INPUT_CHANGED:
+                    self.run.hold(p.item_id, step.name, HeldReason.INPUT_CHANGED, new_digest=p.digest)
+                self._held(p.item_id, step.name, HeldReason.INPUT_CHANGED)
+                return
+            if action == SKIP:
+                assert row is not None
+                if row[3] == HeldReason.INPUT_CHANGED:
+                    self.run.release_hold(p.item_id, step.name)  # the input went back to the journaled one
+                outputs[step.name] = row[2]
+                result.skipped_steps += 1
+                continue
+            ctx = StepContext(
+                job_id, p.item_id, step.name, p.digest, idempotency_key(job_id, p.item_id, step.name),
+                {name: None if raw is None else json.loads(raw) for name, raw in outputs.items()},
+            )
+            if action == VERIFY:
+                receipt = self._verify(step, ctx)
+                if receipt is None:
+                    assert row is not None
+                    if row[3] != HeldReason.UNKNOWN_OUTCOME:
+                        self.run.hold(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
+                    self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
+                    return  # never send: the receiver may already have it
+                encoded = json.dumps(receipt)
+                self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
+                                        receipt=receipt, verified=True)
+                outputs[step.name] = encoded
+                result.skipped_steps += 1
+                result.verified_steps += 1
+                log.info("item %s: %s verified by the receiver, not sent again", p.item_id, step.name)
+                continue
+            outputs[step.name] = self._execute(step, p, ctx)
+            result.executed_steps += 1
+        result.items_completed += 1
+
+    def _execute(self, step: Step, p: _Prepared, ctx: StepContext) -> str:
+        if step.side_effect:
+            self.run.mark_in_flight(p.item_id, step.name, p.digest)  # durable before the send starts
+        try:
+            value = step.fn(p.item, ctx)
+            encoded = _encode_output(value, p.item_id, step.name)
+        except BaseException as exc:
+            # Type name only: messages can carry tokens, addresses and payloads.
+            self.run.mark_failed(p.item_id, step.name, p.digest, side_effect=step.side_effect,
+                                 error_type=type(exc).__name__)
+            log.warning("item %s: step %s failed with %s", p.item_id, step.name, type(exc).__name__)
+            raise
+        self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=step.side_effect,
+                                output=encoded, receipt=_receipt_of(value, encoded) if step.side_effect else None)
+        return encoded
+
+    @staticmethod
+    def _verify(step: Step, ctx: StepContext) -> str | None:
+        if step.verify is None:
+            return None
+        try:
+            receipt = step.verify(ctx)
+        except Exception as exc:
+            log.warning("item %s: verify of %s raised %s; holding it", ctx.item_id, step.name, type(exc).__name__)
+            return None
+        if receipt is None:
+            return None
+        receipt = receipt if isinstance(receipt, str) else json.dumps(receipt)
+        return receipt if receipt.strip() else None
+
+    def _held(self, item_id: str, step: str, reason: HeldReason) -> None:
+        self.result.held.append(HeldStep(self.run.job_id, item_id, step, reason))
+        log.warning("item %s: %s held (%s)", item_id, step, reason.value)
+
+
+def _check_steps(steps: Iterable[Step]) -> list[Step]:
+    checked = list(steps)
+    if not checked:
+        raise ValueError("run_batch needs at least one Step")
+    names: set[str] = set()
+    for step in checked:
+        if not isinstance(step, Step):
+            raise ValueError(f"steps must be Step objects, got {type(step).__name__}")
+        if step.name in names:
+            raise ValueError(f"step name {step.name!r} is used twice; step names must be unique")
+        names.add(step.name)
+    return checked
+
+
+def run_batch(
+    journal: StepJournal,
+    job_id: str,
+    items: Iterable[Mapping[str, Any]],
+    steps: Iterable[Step],
+    *,
+    id_field: str = "id",
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    progress_interval: float = 10.0,
+    runner: str | None = None,
+) -> BatchResult:
+    """Run ``steps`` over ``items`` under ``job_id``, resuming whatever the journal already has.
+
+    Items may be any iterable; they are streamed in chunks, never loaded whole. A step that raises
+    is recorded FAILED (type name only) and the exception propagates: run the job again to resume.
+    Raises :class:`~airflow_resumable.journal.JobBusyError` at once if another runner holds the job.
+    """
+    if not isinstance(job_id, str) or not job_id.strip():
+        raise ValueError("job_id must be a non-empty string")
+    if not isinstance(id_field, str) or not id_field:
+        raise ValueError("id_field must be a non-empty string")
+    checked_steps = _check_steps(steps)
+    items_total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
+    started = last_report = time.monotonic()
+    result = BatchResult(job_id=job_id, status="completed")
+
+    def progress() -> BatchProgress:
+        return BatchProgress(result.items_total, items_total, result.executed_steps, result.skipped_steps,
+                             len(result.held), time.monotonic() - started)
+
+    with journal.open_job(job_id, runner=runner) as run:
+        batch = _Batch(run, checked_steps, result)
+        for chunk in _chunks(items):
+            prepared = _prepare(chunk, id_field, result.items_total, run)
+            rows = run.lookup([p.item_id for p in prepared])
+            for p in prepared:
+                batch.item(p, rows.get(p.item_id, {}))
+                result.items_total += 1
+            if on_progress is not None and time.monotonic() - last_report >= progress_interval:
+                last_report = time.monotonic()
+                on_progress(progress())
+    result.elapsed = time.monotonic() - started
+    result.status = "needs_review" if result.held else "completed"
+    if on_progress is not None:
+        on_progress(progress())
+    return result
