@@ -11,7 +11,51 @@ def get_provider_info() -> dict[str, Any]:
     return {
         "package-name": "airflow-provider-resumable",
         "name": "Resumable batches",
-        "description": "Resumable batch tasks: a durable step journal so retries and Clear resume "
-        "instead of re-sending, and uncertain sends are held for a human.",
+        "description": "Resumable batch tasks: a durable step journal so that retries and Clear resume "
+        "instead of re-sending, and sends with an unknown outcome are held for a human.",
         "versions": [__version__],
+        "integrations": [
+            {
+                "integration-name": "Resumable batches",
+                "external-doc-url": "https://pypi.org/project/airflow-provider-resumable/",
+                "tags": ["software"],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Resumable batches",
+                "python-modules": [
+                    "airflow_resumable.operators.resumable_batch",
+                    "airflow_resumable.operators.resolve",
+                ],
+            }
+        ],
+        "sensors": [
+            {"integration-name": "Resumable batches", "python-modules": ["airflow_resumable.sensors.held_items"]}
+        ],
+        "config": {
+            "resumable": {
+                "description": "Step journal of airflow-provider-resumable (worker-local SQLite).",
+                "options": {
+                    "journal_path": {
+                        "description": "Journal file on the worker's local disk. Default: "
+                        "$AIRFLOW_HOME/resumable/journal.sqlite3. Never on NFS/SMB/sshfs or a "
+                        "cloud-sync folder; never taken from dag_run.conf.",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "/var/lib/airflow/resumable/journal.sqlite3",
+                        "default": "",
+                    },
+                    "durability": {
+                        "description": "full: fsync the IN_FLIGHT mark before every send (power-loss "
+                        "safe). normal: WAL + synchronous=NORMAL (survives a killed process, not a "
+                        "power cut).",
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "normal",
+                        "default": "full",
+                    },
+                },
+            }
+        },
     }

@@ -28,6 +28,7 @@ __all__ = [
     "canonical_digest",
     "idempotency_key",
     "run_batch",
+    "verify_held",
 ]
 
 log = logging.getLogger(__name__)
@@ -383,3 +384,29 @@ def run_batch(
     if on_progress is not None:
         on_progress(progress())
     return result
+
+
+def verify_held(
+    journal: StepJournal, job_id: str, verify: VerifyFn, *, step: str | None = None,
+    resolved_by: str = "verify",
+) -> list[HeldStep]:
+    """Ask the receiver again about the job's unknown-outcome sends.
+
+    Each one the receiver has a receipt for is marked SUCCEEDED (recorded in the audit log as a
+    ``delivered`` resolution by ``resolved_by``). Returns the steps that were settled this way.
+    """
+    settled: list[HeldStep] = []
+    for row in journal.open_rows(job_id):
+        if not row.side_effect or row.status == Status.SUCCEEDED or row.held_reason == HeldReason.INPUT_CHANGED:
+            continue
+        if step is not None and row.step != step:
+            continue
+        outputs = {r.step: r.output for r in journal.rows(job_id, row.item_id) if r.status == Status.SUCCEEDED}
+        ctx = StepContext(job_id, row.item_id, row.step, row.digest,
+                          idempotency_key(job_id, row.item_id, row.step), outputs)
+        receipt = _Batch._verify(Step(row.step, lambda item, c: None, side_effect=True, verify=verify), ctx)
+        if receipt is not None:
+            journal.resolve(job_id, row.item_id, row.step, delivered=True, receipt=receipt,
+                            resolved_by=resolved_by, note="the receiver's look-up found a receipt")
+            settled.append(HeldStep(job_id, row.item_id, row.step, HeldReason.UNKNOWN_OUTCOME))
+    return settled

@@ -1,0 +1,290 @@
+"""ResumableBatchOperator: run a batch of items through steps so retries and Clear resume."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+import os
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowException
+
+from airflow_resumable._airflow import (
+    STATE_STORE_KEY,
+    SUMMARY_XCOM_KEY,
+    default_durability,
+    default_job_id,
+    default_journal_path,
+)
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.runner import BatchProgress, BatchResult, Step, run_batch
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+# A 50,000-held-item batch must still produce a small XCom.
+HELD_IN_SUMMARY = 100
+HELD_IN_MESSAGE = 20
+RESOLVE_DAG_ID = "resolve_held_item"
+
+
+class WrongWorkerError(AirflowException):
+    """This try runs on a worker whose journal does not hold the job: sending now would re-send."""
+
+
+class HeldItemsError(AirflowException):
+    """Items were held for a human; everything else was processed."""
+
+
+class ResumableBatchOperator(BaseOperator):
+    """Send each item of a batch once, resuming after a crash, a retry or a UI "Clear".
+
+    Every step of every item is recorded in a local SQLite journal. A retry (or a Clear) of the same
+    task instance skips what succeeded, re-runs local steps, and never re-sends a side effect whose
+    outcome is unknown: it asks ``verify``, or holds the item for a human (see the
+    ``resolve_held_item`` DAG) and goes on with the others.
+
+    :param items: the batch: a list of mappings, an XComArg, a template string that renders to the
+        whole list, or a callable returning an iterable (called with the task context if it takes an
+        argument) for batches too big for XCom; streamed, never loaded whole. Item contents are data
+        and are never rendered as templates.
+    :param steps: the steps, as :class:`~airflow_resumable.runner.Step` objects. Or use the shorthand:
+    :param validate: local step ``fn(item, ctx)`` named ``validate``.
+    :param transform: local step ``fn(item, ctx)`` named ``transform``.
+    :param notify: the side effect ``fn(item, ctx)`` named ``notify``; return the receiver's receipt.
+    :param verify: ``verify(ctx)`` -> the receipt for ``ctx.idempotency_key`` if the receiver has it.
+    :param job_id: journal key (templated). Default ``{dag_id}/{task_id}/{run_id}[/{map_index}]``:
+        the same on retry and Clear (both resume); a new DAG run is a new job.
+    :param id_field: the item field holding its unique id.
+    :param journal_path: the journal file. Default ``[resumable] journal_path``, else
+        ``$AIRFLOW_HOME/resumable/journal.sqlite3``. Never taken from ``dag_run.conf``.
+    :param durability: ``"full"`` (fsync before every send) or ``"normal"``; default
+        ``[resumable] durability``, else ``"full"``.
+    :param on_held: ``"fail"`` (default): fail after all other items, listing the held ones;
+        ``"succeed"``: succeed with status ``needs_review`` (put a HeldItemSensor downstream).
+    :param start_afresh: opt in to starting from nothing when this try lands on a worker whose
+        journal has never seen the job (the wrong-worker guard). Every item may be sent again.
+    :param allow_network_filesystem: see :class:`~airflow_resumable.journal.StepJournal`.
+    :param progress_interval: seconds between progress lines in the task log.
+    """
+
+    template_fields: Sequence[str] = ("items", "job_id")
+    ui_color = "#e8f4ea"
+
+    def __init__(
+        self,
+        *,
+        items: Any,
+        steps: Sequence[Step] | None = None,
+        validate: Callable[..., Any] | None = None,
+        transform: Callable[..., Any] | None = None,
+        notify: Callable[..., Any] | None = None,
+        verify: Callable[..., Any] | None = None,
+        job_id: str | None = None,
+        id_field: str = "id",
+        journal_path: str | os.PathLike[str] | None = None,
+        durability: str | None = None,
+        on_held: str = "fail",
+        start_afresh: bool = False,
+        allow_network_filesystem: bool = False,
+        progress_interval: float = 30.0,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        shorthand = {"validate": validate, "transform": transform, "notify": notify}
+        if steps is not None and any(fn is not None for fn in (*shorthand.values(), verify)):
+            raise ValueError(f"{self.task_id}: pass either steps=[...] or validate=/transform=/notify=/verify=, not both")
+        if steps is None:
+            if verify is not None and notify is None:
+                raise ValueError(f"{self.task_id}: verify= needs notify= (it verifies the notify step)")
+            steps = [
+                Step(name, fn, side_effect=(name == "notify"), verify=verify if name == "notify" else None)
+                for name, fn in shorthand.items()
+                if fn is not None
+            ]
+            if not steps:
+                raise ValueError(f"{self.task_id}: give steps=[Step(...), ...] or at least notify=")
+        if on_held not in ("fail", "succeed"):
+            raise ValueError(f"{self.task_id}: on_held must be 'fail' or 'succeed', not {on_held!r}")
+        if durability is not None and durability not in ("full", "normal"):
+            raise ValueError(f"{self.task_id}: durability must be 'full' or 'normal', not {durability!r}")
+        self.items = items
+        self.steps = list(steps)
+        self.job_id = job_id
+        self.id_field = id_field
+        self.journal_path = journal_path
+        self.durability = durability
+        self.on_held = on_held
+        self.start_afresh = start_afresh
+        self.allow_network_filesystem = allow_network_filesystem
+        self.progress_interval = progress_interval
+
+    # -- templating -----------------------------------------------------------------------------
+
+    def _do_render_template_fields(
+        self, parent: Any, template_fields: Iterable[str], context: Context, jinja_env: Any,
+        seen_oids: set[int],
+    ) -> None:
+        # ``items`` is a templated field so an XComArg or a template string for the whole list is
+        # resolved - but the items themselves are data: a payload saying "{{ name }}" must reach the
+        # receiver byte for byte, so lists are never walked and callables are never called here.
+        # (Overridden at this depth because a mapped task renders through it, not through
+        # render_template_fields.)
+        fields = list(template_fields)
+        super()._do_render_template_fields(  # type: ignore[misc]
+            parent, [name for name in fields if name != "items"], context, jinja_env, seen_oids
+        )
+        if parent is not self or "items" not in fields:
+            return
+        items = self.items
+        if isinstance(items, str):
+            self.items = _parse_rendered_items(self.render_template(items, context, jinja_env), self.task_id)
+        elif not callable(items) and callable(getattr(items, "resolve", None)):
+            self.items = items.resolve(context)
+
+    # -- execution ------------------------------------------------------------------------------
+
+    @cached_property
+    def resolved_journal_path(self) -> Path:
+        return Path(self.journal_path).expanduser() if self.journal_path else default_journal_path()
+
+    def _open_journal(self) -> StepJournal:
+        return StepJournal(
+            self.resolved_journal_path,
+            durability=self.durability or default_durability(),  # type: ignore[arg-type]
+            allow_network_filesystem=self.allow_network_filesystem,
+        )
+
+    def _iter_items(self, context: Context) -> Iterable[Mapping[str, Any]]:
+        items = self.items
+        if callable(items):
+            takes_context = bool(inspect.signature(items).parameters)
+            items = items(context) if takes_context else items()
+        if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
+            raise ValueError(
+                f"{self.task_id}: items must be a list (or iterable) of mappings, got {type(items).__name__}"
+            )
+        return items
+
+    def execute(self, context: Context) -> dict[str, Any]:
+        job_id = self.job_id or default_job_id(context)
+        hostname = socket.gethostname()
+        with self._open_journal() as journal:
+            self._guard_worker(context, journal, job_id, hostname)
+            self.log.info("Resumable job %s: journal %s on %s", job_id, journal.path, hostname)
+            result = run_batch(
+                journal, job_id, self._iter_items(context), self.steps, id_field=self.id_field,
+                on_progress=self._log_progress, progress_interval=self.progress_interval,
+                runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
+            )
+            summary = _summary(result, journal, hostname)
+        context["ti"].xcom_push(key=SUMMARY_XCOM_KEY, value=summary)
+        self._report(result)
+        if result.held and self.on_held == "fail":
+            raise HeldItemsError(_held_message(result))
+        return summary
+
+    def _guard_worker(self, context: Context, journal: StepJournal, job_id: str, hostname: str) -> None:
+        """Refuse to run a job whose journal lives on another worker (it would re-send everything)."""
+        here = {"host": hostname, "journal_path": str(journal.path), "journal_id": journal.journal_id}
+        store = context.get("task_state_store")
+        recorded = store.get(STATE_STORE_KEY) if store is not None else None
+        if isinstance(recorded, dict) and recorded.get("journal_id") == journal.journal_id:
+            return
+        ti = context["ti"]
+        seen_here = journal.has_job(job_id)
+        if isinstance(recorded, dict):
+            danger = (
+                f"this job's journal is on host {recorded.get('host')!r} at {recorded.get('journal_path')}, "
+                f"but this try runs on {hostname!r} with journal {journal.path}"
+            )
+        elif ti.try_number > 1 and not seen_here:
+            danger = (
+                f"this is try {ti.try_number}, but the journal {journal.path} on {hostname!r} has never "
+                "seen this job: earlier tries ran on another worker or the journal was removed"
+            )
+        else:
+            danger = None
+        if danger and not self.start_afresh:
+            raise WrongWorkerError(
+                f"Resumable job {job_id}: {danger}. Nothing was sent. Run this task on the worker that "
+                "holds the journal (pin it with a queue), or set start_afresh=True on the operator to "
+                "start over - which may send every item again."
+            )
+        if danger:
+            self.log.warning("Resumable job %s: %s; start_afresh=True, starting over.", job_id, danger)
+        if store is not None:
+            store.set(STATE_STORE_KEY, here)
+
+    def _log_progress(self, progress: BatchProgress) -> None:
+        total = f"/{progress.items_total}" if progress.items_total is not None else ""
+        rate = progress.items_done / progress.elapsed if progress.elapsed > 0 else 0.0
+        self.log.info(
+            "Progress: %d%s items, %d steps executed, %d skipped, %d held, %.0f items/s",
+            progress.items_done, total, progress.executed_steps, progress.skipped_steps, progress.held, rate,
+        )
+
+    def _report(self, result: BatchResult) -> None:
+        self.log.info(
+            "Job %s %s: %d items (%d completed), %d steps executed, %d skipped (%d verified), %d held",
+            result.job_id, result.status, result.items_total, result.items_completed,
+            result.executed_steps, result.skipped_steps, result.verified_steps, len(result.held),
+        )
+        for held in result.held[:HELD_IN_MESSAGE]:
+            self.log.warning("HELD %s / %s: %s", held.item_id, held.step, held.reason.value)
+        if len(result.held) > HELD_IN_MESSAGE:
+            self.log.warning("... and %d more held items", len(result.held) - HELD_IN_MESSAGE)
+
+
+def _parse_rendered_items(rendered: Any, task_id: str) -> Any:
+    """A template string for the whole list renders to a list (native) or its text (not native)."""
+    if not isinstance(rendered, str):
+        return rendered
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(rendered)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    raise ValueError(f"{task_id}: the items template did not render to a list of mappings")
+
+
+def _summary(result: BatchResult, journal: StepJournal, hostname: str) -> dict[str, Any]:
+    return {
+        "job_id": result.job_id,
+        "journal_path": str(journal.path),
+        "journal_id": journal.journal_id,
+        "hostname": hostname,
+        "status": result.status,
+        "items_total": result.items_total,
+        "items_completed": result.items_completed,
+        "executed_steps": result.executed_steps,
+        "skipped_steps": result.skipped_steps,
+        "verified_steps": result.verified_steps,
+        "held_count": len(result.held),
+        "held": [
+            {"item_id": h.item_id, "step": h.step, "reason": h.reason.value} for h in result.held[:HELD_IN_SUMMARY]
+        ],
+        "held_truncated": len(result.held) > HELD_IN_SUMMARY,
+    }
+
+
+def _held_message(result: BatchResult) -> str:
+    lines = [
+        f"{len(result.held)} item(s) of job {result.job_id} were held for a human; all other items were "
+        "processed and nothing was sent twice:"
+    ]
+    lines += [f"  {h.item_id} / {h.step}: {h.reason.value}" for h in result.held[:HELD_IN_MESSAGE]]
+    if len(result.held) > HELD_IN_MESSAGE:
+        lines.append(f"  ... and {len(result.held) - HELD_IN_MESSAGE} more (see the task's XCom summary)")
+    lines.append(
+        f"To resolve: check each with the receiver, then trigger the {RESOLVE_DAG_ID!r} DAG with conf "
+        '{"job_id": ..., "item_id": ..., "step": ..., "decision": "delivered" (with "receipt") | '
+        '"not_delivered" | "keep_previous_input" | "use_new_input"}; then Clear this task to resume.'
+    )
+    return "\n".join(lines)

@@ -1,0 +1,82 @@
+"""HeldItemSensor: wait until a resumable job has nothing held or unresolved."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.bases.sensor import BaseSensorOperator
+
+from airflow_resumable._airflow import SUMMARY_XCOM_KEY, default_journal_path
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.runner import verify_held
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+
+class HeldItemSensor(BaseSensorOperator):
+    """Wait until a resumable job has no held or unresolved side-effect rows.
+
+    Not deferrable on purpose: the triggerer may run on a host that does not have the journal, so
+    the sensor pokes from a worker, in ``reschedule`` mode by default (no worker slot held while
+    waiting). Route it to the batch task's worker queue.
+
+    :param job_id: the job to watch (templated). Or:
+    :param batch_task_id: the ResumableBatchOperator task whose XCom summary names the job and its
+        journal (for a mapped batch task, give ``job_id`` of each shard instead).
+    :param journal_path: the journal, when ``job_id`` is given; default as for the operator.
+    :param verify: optional ``verify(ctx)``: on each poke, held unknown-outcome sends whose receipt
+        the receiver now has are marked SUCCEEDED (for receivers that record asynchronously).
+    """
+
+    template_fields: Sequence[str] = ("job_id", "batch_task_id")
+
+    def __init__(
+        self,
+        *,
+        job_id: str | None = None,
+        batch_task_id: str | None = None,
+        journal_path: str | os.PathLike[str] | None = None,
+        verify: Callable[..., Any] | None = None,
+        mode: str = "reschedule",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(mode=mode, **kwargs)
+        if (job_id is None) == (batch_task_id is None):
+            raise ValueError(f"{self.task_id}: give exactly one of job_id= or batch_task_id=")
+        self.job_id = job_id
+        self.batch_task_id = batch_task_id
+        self.journal_path = journal_path
+        self.verify = verify
+
+    def _target(self, context: Context) -> tuple[str, Path]:
+        if self.job_id is not None:
+            path = Path(self.journal_path).expanduser() if self.journal_path else default_journal_path()
+            return self.job_id, path
+        summary = context["ti"].xcom_pull(task_ids=self.batch_task_id, key=SUMMARY_XCOM_KEY)
+        if not isinstance(summary, dict) or "job_id" not in summary:
+            raise ValueError(
+                f"{self.task_id}: task {self.batch_task_id!r} left no resumable summary in XCom; "
+                "is it a ResumableBatchOperator that ran in this DAG run?"
+            )
+        return summary["job_id"], Path(self.journal_path or summary["journal_path"])
+
+    def poke(self, context: Context) -> bool:
+        job_id, path = self._target(context)
+        with StepJournal(path) as journal:
+            job = journal.job(job_id)
+            if job is None:
+                raise ValueError(f"{self.task_id}: journal {path} has no job {job_id!r}")
+            if self.verify is not None and not job.settled:
+                for settled in verify_held(journal, job_id, self.verify, resolved_by=f"sensor {self.task_id}"):
+                    self.log.info("%s / %s: receiver has a receipt, marked SUCCEEDED", settled.item_id, settled.step)
+                job = journal.job(job_id)
+                assert job is not None
+            if job.settled:
+                self.log.info("Job %s has nothing held or unresolved", job_id)
+                return True
+            self.log.info("Job %s: %d held, %d unresolved; waiting", job_id, job.held, job.unresolved)
+            return False

@@ -1,0 +1,87 @@
+"""Shared pieces of the test DAGs: the article's 50 items and steps against a durable receiver.
+
+The receiver's SQLite file comes from the RESUMABLE_TEST_RECEIVER environment variable (set by the
+tests), never from dag_run.conf. Faults are armed in the receiver's own store, so "fails once"
+holds across tries and processes.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from airflow_resumable.runner import Step
+
+from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
+
+
+def receiver() -> DurableReceiver:
+    return DurableReceiver(Path(os.environ["RESUMABLE_TEST_RECEIVER"]))
+
+
+def items(n: int = 50, prefix: str = "item") -> list[dict]:
+    return [{"id": f"{prefix}-{i:03d}", "amount": i * 100, "text": "Hello {{ name }} {% raw %}x"} for i in range(1, n + 1)]
+
+
+def arm(item_id: str, mode: str) -> None:
+    conn = sqlite3.connect(os.environ["RESUMABLE_TEST_RECEIVER"], isolation_level=None)
+    conn.execute("CREATE TABLE IF NOT EXISTS faults (item_id TEXT PRIMARY KEY, mode TEXT, fired INTEGER)")
+    conn.execute("INSERT OR REPLACE INTO faults VALUES (?, ?, 0)", (item_id, mode))
+    conn.close()
+
+
+def _fire(item_id: str, mode: str) -> bool:
+    conn = sqlite3.connect(os.environ["RESUMABLE_TEST_RECEIVER"], isolation_level=None, timeout=30)
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS faults (item_id TEXT PRIMARY KEY, mode TEXT, fired INTEGER)")
+        cur = conn.execute(
+            "UPDATE faults SET fired = 1 WHERE item_id = ? AND mode = ? AND fired = 0", (item_id, mode)
+        )
+        return cur.rowcount == 1
+    finally:
+        conn.close()
+
+
+def validate(item, ctx):
+    return {"ok": item["amount"] >= 0}
+
+
+def transform(item, ctx):
+    return {"cents": item["amount"] * 100}
+
+
+def _move_journal_away() -> None:
+    """As if the retry landed on another worker: this host's journal is gone."""
+    journal = os.environ["AIRFLOW__RESUMABLE__JOURNAL_PATH"]
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(journal + suffix):
+            os.rename(journal + suffix, journal + suffix + ".elsewhere")
+
+
+def notify(item, ctx):
+    if _fire(ctx.item_id, "before_accept"):
+        raise RefusedBeforeAccept()
+    if _fire(ctx.item_id, "lose_journal"):
+        _move_journal_away()
+        raise RefusedBeforeAccept()
+    receipt = receiver().deliver(ctx.job_id, ctx.item_id, ctx.step, ctx.idempotency_key, item["text"])
+    if _fire(ctx.item_id, "after_accept"):
+        raise AcceptedThenLost()
+    return receipt
+
+
+def verify(ctx):
+    # Tests model a receiver that records asynchronously: while this flag file exists, its
+    # look-up does not answer yet.
+    if os.path.exists(os.environ["RESUMABLE_TEST_RECEIVER"] + ".lookup-off"):
+        return None
+    return receiver().lookup(ctx.idempotency_key)
+
+
+def steps(with_verify: bool) -> list[Step]:
+    return [
+        Step("validate", validate),
+        Step("transform", transform),
+        Step("notify_external", notify, side_effect=True, verify=verify if with_verify else None),
+    ]

@@ -1,0 +1,51 @@
+"""DAGs the Airflow tests run with `airflow dags test` (see tests/test_airflow_*.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from _article import items, notify, steps, transform, validate, verify
+from airflow.sdk import DAG
+
+from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+from airflow_resumable.sensors.held_items import HeldItemSensor
+
+defaults = {"retries": 1, "retry_delay": timedelta(seconds=0)}
+start = datetime(2026, 1, 1)
+
+with DAG("article_verify", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True))
+
+with DAG("article_hold", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False))
+
+with DAG("article_shorthand", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), validate=validate, transform=transform,
+                           notify=notify, verify=verify)
+
+with DAG("article_sensor", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    first = ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
+                                   on_held="succeed")
+    wait = HeldItemSensor(task_id="wait_for_resolution", batch_task_id="send", poke_interval=1,
+                          timeout=300)
+    second = ResumableBatchOperator(
+        task_id="second_pass", items=items(), steps=steps(with_verify=False),
+        job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
+    )
+    first >> wait >> second
+
+with DAG("article_sensor_verify", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    first = ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
+                                   on_held="succeed")
+    first >> HeldItemSensor(task_id="wait_for_receipt", batch_task_id="send", verify=verify,
+                            poke_interval=1, timeout=300)
+
+with DAG("article_wrong_worker", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False))
+
+with DAG("article_wrong_worker_afresh", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), start_afresh=True)
+
+with DAG("article_mapped", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    chunks = [items(10, prefix=f"chunk{c}") for c in range(4)]
+    ResumableBatchOperator.partial(task_id="send", steps=steps(with_verify=True)).expand(items=chunks)

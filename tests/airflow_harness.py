@@ -1,0 +1,122 @@
+"""Real Airflow for tests: a SQLite metadata DB in a temporary AIRFLOW_HOME, `airflow` CLI in
+subprocesses (`airflow dags test` runs tasks in-process and honours retries)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+AIRFLOW = str(Path(sys.executable).with_name("airflow"))
+
+
+def base_env(home: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW__")}
+    env.update(
+        AIRFLOW_HOME=str(home),
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
+        # airflow.cfg holds absolute paths: a copied home must point at its own metadata DB and logs.
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
+        AIRFLOW__CORE__UNIT_TEST_MODE="False",
+        AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
+        PYTHONPATH=os.pathsep.join([str(REPO), str(home / "dags")]),
+    )
+    return env
+
+
+def migrated_template(root: Path) -> Path:
+    """An AIRFLOW_HOME with a migrated SQLite metadata DB and our DAGs, to copy per test."""
+    home = root / "airflow-template"
+    dags = home / "dags"
+    dags.mkdir(parents=True)
+    for source in [*(REPO / "tests" / "airflow_dags").glob("*.py"), REPO / "dags" / "resolve_held_item.py"]:
+        shutil.copy(source, dags / source.name)
+    subprocess.run([AIRFLOW, "db", "migrate"], env=base_env(home), check=True, capture_output=True)
+    return home
+
+
+@dataclass
+class Airflow:
+    home: Path
+    journal: Path
+    receiver: Path
+    env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def create(cls, template: Path, tmp: Path) -> Airflow:
+        home = tmp / "airflow"
+        shutil.copytree(template, home)
+        env = base_env(home)
+        journal = tmp / "worker" / "journal.sqlite3"
+        receiver = tmp / "receiver.sqlite3"
+        env.update(AIRFLOW__RESUMABLE__JOURNAL_PATH=str(journal), RESUMABLE_TEST_RECEIVER=str(receiver))
+        return cls(home, journal, receiver, env)
+
+    def run(self, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        (self.home / "last-output.txt").write_text(proc.stdout + proc.stderr)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"airflow {' '.join(args)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        return proc
+
+    def rerun(self, dag_id: str, run_id: str) -> subprocess.CompletedProcess[str]:
+        """Re-run an existing DAG run after its tasks were cleared (what the scheduler does)."""
+        proc = subprocess.run([sys.executable, "-m", "tests.airflow_rerun", dag_id, run_id], env=self.env,
+                              capture_output=True, text=True, timeout=300, cwd=REPO)
+        (self.home / "last-output.txt").write_text(proc.stdout + proc.stderr)
+        return proc
+
+    def popen(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen([AIRFLOW, *args], env=self.env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+
+    def dags_test(self, dag_id: str, conf: dict | None = None, *extra: str) -> subprocess.CompletedProcess[str]:
+        args = ["dags", "test", dag_id, *extra]
+        if conf is not None:
+            args += ["-c", json.dumps(conf)]
+        return self.run(*args)
+
+    # -- reading the metadata DB --------------------------------------------------------------
+
+    def _db(self) -> sqlite3.Connection:
+        return sqlite3.connect(self.home / "airflow.db", timeout=30)
+
+    def last_run_id(self, dag_id: str) -> str:
+        with self._db() as db:
+            return db.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1",
+                              (dag_id,)).fetchone()[0]
+
+    def run_state(self, dag_id: str) -> str:
+        with self._db() as db:
+            return db.execute("SELECT state FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1",
+                              (dag_id,)).fetchone()[0]
+
+    def task_states(self, dag_id: str, run_id: str | None = None) -> dict[tuple[str, int], tuple[str, int]]:
+        run_id = run_id or self.last_run_id(dag_id)
+        with self._db() as db:
+            rows = db.execute(
+                "SELECT task_id, map_index, state, try_number FROM task_instance WHERE dag_id=? AND run_id=?",
+                (dag_id, run_id),
+            ).fetchall()
+        return {(t, m): (s, n) for t, m, s, n in rows}
+
+    def xcom(self, dag_id: str, task_id: str, key: str = "return_value", map_index: int = -1,
+             run_id: str | None = None):
+        run_id = run_id or self.last_run_id(dag_id)
+        with self._db() as db:
+            row = db.execute(
+                """SELECT value FROM xcom WHERE dag_id=? AND task_id=? AND key=? AND map_index=? AND run_id=?""",
+                (dag_id, task_id, key, map_index, run_id),
+            ).fetchone()
+        if row is None:
+            return None
+        value = row[0]
+        return json.loads(value) if isinstance(value, (str, bytes)) else value

@@ -1,0 +1,201 @@
+"""A runner process for the crash and lock tests: runs one job, optionally pausing at a boundary.
+
+Run as ``python tests/crash_child.py --journal J --receiver R --job JOB [options]``. The parent test
+SIGKILLs it while it is paused (or at a random moment). With ``--pause-at BOUNDARY --pause-item ID``
+the child writes ``--marker`` when it reaches that boundary for that item, then blocks until
+``--release`` exists (forever if not given), so the parent knows exactly where the kill lands:
+
+* ``local``        - inside the local step ``transform``
+* ``before_send``  - after the IN_FLIGHT mark was committed, before ``receiver.deliver``
+* ``after_accept`` - after ``receiver.deliver`` accepted it, before the step returns the reply
+* ``after_reply``  - after the step returned its receipt, before ``JobRun.mark_succeeded`` runs
+
+Without ``--pause-at`` the child writes ``--marker`` just before ``run_batch`` starts.
+
+Exit codes: 0 completed, 3 needs_review (something held), 4 JobBusyError; anything else is a crash
+the tests treat as a failure. The last stdout line is a JSON summary of the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from airflow_resumable.journal import JobBusyError, JobRun, StepJournal  # noqa: E402
+from airflow_resumable.runner import Step, run_batch  # noqa: E402
+
+from tests.receivers import DurableReceiver  # noqa: E402
+
+BOUNDARIES = ("local", "before_send", "after_accept", "after_reply")
+EXIT_COMPLETED, EXIT_NEEDS_REVIEW, EXIT_BUSY = 0, 3, 4
+
+
+def items(n: int) -> list[dict]:
+    return [{"id": f"item-{i:03d}", "amount": i * 100} for i in range(1, n + 1)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--journal", required=True)
+    parser.add_argument("--receiver", required=True)
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--items", type=int, default=30)
+    parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--pause-at", choices=BOUNDARIES)
+    parser.add_argument("--pause-item")
+    parser.add_argument("--marker")
+    parser.add_argument("--release")
+    parser.add_argument("--step-ms", type=float, nargs=2, default=(0.0, 0.0),
+                        metavar=("MIN", "MAX"), help="each step sleeps uniformly this many ms")
+    args = parser.parse_args(argv)
+
+    def signal_ready(text: str) -> None:
+        if args.marker:
+            tmp = args.marker + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(text)
+            os.replace(tmp, args.marker)  # the parent never sees a half-written marker
+        print(text, flush=True)
+
+    def pause(boundary: str, item_id: str) -> None:
+        if args.pause_at != boundary or item_id != args.pause_item:
+            return
+        signal_ready(f"PAUSED {boundary} {item_id} pid={os.getpid()}")
+        while not (args.release and os.path.exists(args.release)):
+            time.sleep(0.01)
+
+    low, high = args.step_ms
+
+    def work() -> None:
+        if high > 0:
+            time.sleep(random.uniform(low, high) / 1000.0)
+
+    receiver = DurableReceiver(Path(args.receiver))
+
+    def validate(item, ctx):
+        work()
+        return {"ok": item["amount"] >= 0}
+
+    def transform(item, ctx):
+        work()
+        pause("local", ctx.item_id)
+        assert ctx.outputs["validate"] == {"ok": True}
+        return {"cents": item["amount"] * 100}
+
+    def notify_external(item, ctx):
+        work()
+        pause("before_send", ctx.item_id)
+        receipt = receiver.deliver(ctx.job_id, ctx.item_id, ctx.step, ctx.idempotency_key,
+                                   str(ctx.outputs["transform"]["cents"]))
+        pause("after_accept", ctx.item_id)
+        return receipt
+
+    real_mark_succeeded = JobRun.mark_succeeded
+
+    def mark_succeeded(self, item_id, step, digest, *a, **kw):
+        if kw.get("side_effect"):
+            pause("after_reply", item_id)
+        return real_mark_succeeded(self, item_id, step, digest, *a, **kw)
+
+    JobRun.mark_succeeded = mark_succeeded  # type: ignore[method-assign]
+
+    steps = [
+        Step("validate", validate),
+        Step("transform", transform),
+        Step("notify_external", notify_external, side_effect=True),
+    ]
+    with StepJournal(args.journal, durability=args.durability) as journal:
+        if not args.pause_at:
+            signal_ready(f"STARTED pid={os.getpid()}")
+        started = time.monotonic()
+        try:
+            result = run_batch(journal, args.job, items(args.items), steps, runner=f"crash_child:{os.getpid()}")
+        except JobBusyError as exc:
+            print(json.dumps({"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}),
+                  flush=True)
+            return EXIT_BUSY
+    print(json.dumps({
+        "busy": False,
+        "status": result.status,
+        "executed": result.executed_steps,
+        "skipped": result.skipped_steps,
+        "held": [[h.item_id, h.step, h.reason.value] for h in result.held],
+        "items_total": result.items_total,
+        "items_completed": result.items_completed,
+    }), flush=True)
+    return EXIT_COMPLETED if result.status == "completed" else EXIT_NEEDS_REVIEW
+
+
+# ------------------------------------------------------------------------- the parent's side
+
+
+class ChildRun:
+    """One child process, as the tests start it (``sys.executable`` running this file)."""
+
+    def __init__(
+        self, tmp: Path, journal: Path, receiver: Path, job: str, *, durability: str = "full",
+        pause_at: str | None = None, pause_item: str | None = None, release: Path | None = None,
+        step_ms: tuple[float, float] = (0.0, 0.0), n_items: int = 30,
+    ) -> None:
+        import subprocess
+        import uuid
+
+        self.marker = Path(tmp) / f"marker-{uuid.uuid4().hex}"
+        cmd = [
+            sys.executable, str(Path(__file__).resolve()), "--journal", str(journal), "--receiver",
+            str(receiver), "--job", job, "--durability", durability, "--items", str(n_items),
+            "--marker", str(self.marker), "--step-ms", str(step_ms[0]), str(step_ms[1]),
+        ]
+        if pause_at:
+            cmd += ["--pause-at", pause_at, "--pause-item", str(pause_item)]
+        if release:
+            cmd += ["--release", str(release)]
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.pid = self.proc.pid
+
+    def wait_ready(self, timeout: float = 30.0) -> str:
+        """Wait for the marker; returns its text. Fails if the child exits or hangs before it."""
+        deadline = time.monotonic() + timeout
+        while not self.marker.exists():
+            if self.proc.poll() is not None:
+                out, err = self.proc.communicate()
+                raise AssertionError(f"child exited {self.proc.returncode} before its marker:\n{out}\n{err}")
+            if time.monotonic() > deadline:
+                self.proc.kill()
+                raise AssertionError("child never reached its marker")
+            time.sleep(0.002)
+        return self.marker.read_text()
+
+    def kill(self) -> bool:
+        """SIGKILL the child; True if it was killed, False if it had already exited by itself."""
+        import signal
+
+        if self.proc.poll() is None:
+            os.kill(self.pid, signal.SIGKILL)
+        self.proc.wait(timeout=30)
+        self.proc.communicate()
+        if self.proc.returncode == -signal.SIGKILL:
+            return True
+        assert self.proc.returncode in (EXIT_COMPLETED, EXIT_NEEDS_REVIEW), (
+            f"child ended with {self.proc.returncode} before the kill"
+        )
+        return False
+
+    def finish(self, timeout: float = 60.0) -> tuple[int, dict, str]:
+        """Wait for the child to exit by itself: (exit code, its JSON summary, its stderr)."""
+        out, err = self.proc.communicate(timeout=timeout)
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        summary = json.loads(lines[-1]) if lines else {}
+        return self.proc.returncode, summary, err
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,275 @@
+"""Issue 3 acceptance: the operators and the sensor inside real Airflow (SQLite metadata DB in a
+temporary AIRFLOW_HOME, `airflow dags test`, retries honoured, Clear through Airflow's own clear)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import time
+
+import pytest
+
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.runner import Step, run_batch
+
+from tests.receivers import DurableReceiver
+
+pytestmark = pytest.mark.airflow
+
+ALL_ITEMS = [f"item-{i:03d}" for i in range(1, 51)]
+
+
+def arm(airflow, item_id: str, mode: str) -> None:
+    conn = sqlite3.connect(airflow.receiver, isolation_level=None)
+    conn.execute("CREATE TABLE IF NOT EXISTS faults (item_id TEXT PRIMARY KEY, mode TEXT, fired INTEGER)")
+    conn.execute("INSERT OR REPLACE INTO faults VALUES (?, ?, 0)", (item_id, mode))
+    conn.close()
+
+
+def receiver(airflow) -> DurableReceiver:
+    return DurableReceiver(airflow.receiver)
+
+
+def output(airflow) -> str:
+    return (airflow.home / "last-output.txt").read_text()
+
+
+def journal_snapshot(path) -> list:
+    conn = sqlite3.connect(path)
+    try:
+        return [conn.execute(f"SELECT * FROM {t} ORDER BY 1, 2, 3").fetchall() for t in ("steps", "resolutions", "jobs")]
+    finally:
+        conn.close()
+
+
+def resolve(airflow, **conf):
+    return airflow.dags_test("resolve_held_item", conf)
+
+
+def test_retry_after_accept_verifies_item_41_and_sends_the_rest_once(airflow):
+    arm(airflow, "item-041", "after_accept")
+    assert airflow.dags_test("article_verify").returncode == 0, output(airflow)
+    assert airflow.task_states("article_verify") == {("send", -1): ("success", 2)}
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+    summary = airflow.xcom("article_verify", "send")
+    assert summary["status"] == "completed"
+    assert (summary["executed_steps"], summary["skipped_steps"], summary["verified_steps"]) == (27, 123, 1)
+    assert summary["items_total"] == summary["items_completed"] == 50
+    assert summary["hostname"] == socket.gethostname() and summary["journal_path"] == str(airflow.journal)
+    # Item contents are data: a templated field did not render the payload's Jinja.
+    conn = sqlite3.connect(airflow.receiver)
+    payloads = {p for (p,) in conn.execute("SELECT payload FROM deliveries")}
+    assert payloads == {"Hello {{ name }} {% raw %}x"}
+    # The journal file is private to the worker's user.
+    assert oct(airflow.journal.stat().st_mode & 0o777) == "0o600"
+
+
+def test_clear_of_a_finished_batch_task_resends_nothing(airflow):
+    arm(airflow, "item-041", "after_accept")
+    assert airflow.dags_test("article_verify").returncode == 0, output(airflow)
+    run_id = airflow.last_run_id("article_verify")
+    before = receiver(airflow).counts()
+    # Re-run the same DagRun: dag.test() clears its task instances with Airflow's own clear.
+    assert airflow.rerun("article_verify", run_id).returncode == 0, output(airflow)
+    assert airflow.task_states("article_verify", run_id)[("send", -1)][0] == "success"
+    assert receiver(airflow).counts() == before
+    summary = airflow.xcom("article_verify", "send", run_id=run_id)
+    assert (summary["executed_steps"], summary["skipped_steps"]) == (0, 150)
+
+
+def test_shorthand_callables_name_their_steps(airflow):
+    arm(airflow, "item-041", "after_accept")
+    assert airflow.dags_test("article_shorthand").returncode == 0, output(airflow)
+    with StepJournal(airflow.journal) as journal:
+        (job,) = journal.jobs()
+        assert {r.step for r in journal.rows(job.job_id, "item-001")} == {"validate", "transform", "notify"}
+    assert set(receiver(airflow).counts().values()) == {1}
+
+
+def test_hold_fails_the_task_then_resolve_dag_and_clear_send_item_41_once(airflow):
+    arm(airflow, "item-041", "before_accept")
+    assert airflow.dags_test("article_hold").returncode != 0
+    log = output(airflow)
+    run_id = airflow.last_run_id("article_hold")
+    assert airflow.task_states("article_hold") == {("send", -1): ("failed", 2)}
+    assert "item-041 / notify_external: unknown_outcome" in log and "resolve_held_item" in log
+    counts = receiver(airflow).counts()
+    assert "item-041" not in counts and len(counts) == 49 and set(counts.values()) == {1}
+    job_id = f"article_hold/send/{run_id}"
+
+    result = resolve(airflow, job_id=job_id, item_id="item-041", step="notify_external",
+                     decision="not_delivered", note="receiver has no record")
+    assert result.returncode == 0, output(airflow)
+
+    assert airflow.rerun("article_hold", run_id).returncode == 0, output(airflow)
+    assert airflow.task_states("article_hold", run_id)[("send", -1)][0] == "success"
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+    summary = airflow.xcom("article_hold", "send", run_id=run_id)
+    assert (summary["executed_steps"], summary["status"]) == (1, "completed")
+    with StepJournal(airflow.journal) as journal:
+        (audit,) = journal.resolutions(job_id)
+    assert (audit.decision, audit.resolved_by, audit.note) == ("not_delivered", "dag_test", "receiver has no record")
+
+
+def _wait_for_held(airflow, proc, timeout=120) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        if airflow.journal.exists():
+            with StepJournal(airflow.journal) as journal:
+                held = journal.held()
+            if held:
+                return held[0].job_id
+        time.sleep(0.5)
+    raise AssertionError("nothing was held in time")
+
+
+def test_on_held_succeed_sensor_waits_for_the_resolve_dag_then_second_pass_sends_once(airflow):
+    arm(airflow, "item-041", "before_accept")
+    proc = airflow.popen("dags", "test", "article_sensor")
+    try:
+        job_id = _wait_for_held(airflow, proc)
+        time.sleep(3)  # let the sensor poke and reschedule at least once
+        assert proc.poll() is None, "the sensor must wait while item 41 is held"
+        assert resolve(airflow, job_id=job_id, item_id="item-041", step="notify_external",
+                       decision="not_delivered").returncode == 0, output(airflow)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    states = airflow.task_states("article_sensor")
+    assert {k[0]: v[0] for k, v in states.items()} == {
+        "send": "success", "wait_for_resolution": "success", "second_pass": "success"}
+    assert airflow.xcom("article_sensor", "send")["status"] == "needs_review"
+    second = airflow.xcom("article_sensor", "second_pass")
+    assert (second["job_id"], second["executed_steps"], second["status"]) == (job_id, 1, "completed")
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+    assert "up_for_reschedule" in out or "rescheduled" in out.lower()
+
+
+def test_sensor_verify_marks_held_step_succeeded_once_the_receiver_answers(airflow):
+    arm(airflow, "item-041", "after_accept")
+    lookup_off = airflow.receiver.with_name(airflow.receiver.name + ".lookup-off")
+    lookup_off.write_text("")
+    proc = airflow.popen("dags", "test", "article_sensor_verify")
+    try:
+        job_id = _wait_for_held(airflow, proc)
+        time.sleep(3)
+        assert proc.poll() is None
+        lookup_off.unlink()  # the receiver finally records it
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    with StepJournal(airflow.journal) as journal:
+        (row,) = [r for r in journal.rows(job_id, "item-041") if r.step == "notify_external"]
+        assert row.status == "SUCCEEDED" and row.receipt and row.held_reason is None
+        assert journal.held(job_id) == []
+        assert [a.resolved_by for a in journal.resolutions(job_id)] == ["sensor wait_for_receipt"]
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+
+
+def test_wrong_worker_guard_refuses_and_sends_nothing(airflow):
+    arm(airflow, "item-011", "lose_journal")
+    assert airflow.dags_test("article_wrong_worker").returncode != 0
+    log = output(airflow)
+    assert airflow.task_states("article_wrong_worker") == {("send", -1): ("failed", 2)}
+    assert f"host {socket.gethostname()!r}" in log and "Nothing was sent" in log and "start_afresh" in log
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS[:10] and set(counts.values()) == {1}
+
+
+def test_wrong_worker_opt_in_starts_afresh(airflow):
+    arm(airflow, "item-011", "lose_journal")
+    assert airflow.dags_test("article_wrong_worker_afresh").returncode == 0, output(airflow)
+    counts = receiver(airflow).counts()
+    # The author opted in to starting over: the first 10 reach the receiver again, by design.
+    assert sorted(counts) == ALL_ITEMS
+    assert [counts[i] for i in ALL_ITEMS[:10]] == [2] * 10 and set(counts[i] for i in ALL_ITEMS[10:]) == {1}
+
+
+def test_mapped_shards_are_independent_jobs_and_a_retry_resumes_only_its_own(airflow):
+    arm(airflow, "chunk2-005", "after_accept")
+    assert airflow.dags_test("article_mapped").returncode == 0, output(airflow)
+    run_id = airflow.last_run_id("article_mapped")
+    states = airflow.task_states("article_mapped")
+    assert states == {("send", 0): ("success", 1), ("send", 1): ("success", 1),
+                      ("send", 2): ("success", 2), ("send", 3): ("success", 1)}
+    with StepJournal(airflow.journal) as journal:
+        assert sorted(j.job_id for j in journal.jobs()) == [f"article_mapped/send/{run_id}/{m}" for m in range(4)]
+    summaries = [airflow.xcom("article_mapped", "send", map_index=m) for m in range(4)]
+    assert [s["executed_steps"] for s in summaries] == [30, 30, 15, 30]
+    assert summaries[2]["skipped_steps"] == 15 and summaries[2]["verified_steps"] == 1
+    counts = receiver(airflow).counts()
+    assert len(counts) == 40 and set(counts.values()) == {1}
+
+
+@pytest.fixture
+def held_journal(airflow):
+    """A journal where job 'j' has item 'a' held (unknown outcome) and item 'b' delivered."""
+    airflow.journal.parent.mkdir(parents=True, exist_ok=True)
+
+    def notify(item, ctx):
+        if item["id"] == "a":
+            raise TimeoutError()
+        return "rcpt-" + item["id"]
+
+    steps = [Step("notify", notify, side_effect=True)]
+    with StepJournal(airflow.journal) as journal:
+        with pytest.raises(TimeoutError):
+            run_batch(journal, "j", [{"id": "a"}, {"id": "b"}], steps)
+        run_batch(journal, "j", [{"id": "a"}, {"id": "b"}], steps)
+        assert [h.item_id for h in journal.held("j")] == ["a"]
+    return airflow
+
+
+@pytest.mark.parametrize(
+    ("conf", "message"),
+    [
+        ({"job_id": "nope", "item_id": "a", "step": "notify", "decision": "not_delivered"}, "unknown job"),
+        ({"job_id": "j", "item_id": "b", "step": "notify", "decision": "delivered", "receipt": "r"}, "nothing to resolve"),
+        ({"job_id": "j", "item_id": "a", "step": "notify", "decision": "delivered"}, "receipt"),
+        ({"job_id": "j", "item_id": "a", "step": "notify", "decision": "sent_probably"}, "sent_probably"),
+        ({"job_id": "j", "item_id": 5, "step": "notify", "decision": "not_delivered"}, "item_id"),
+        ({"job_id": "j", "item_id": "a", "step": "nope", "decision": "not_delivered"}, "no step"),
+        ({"job_id": "j", "item_id": "a", "decision": "keep_previous_input"}, "not held for an input change"),
+    ],
+)
+def test_resolve_dag_refuses_bad_conf_and_leaves_the_journal_unchanged(held_journal, conf, message):
+    before = journal_snapshot(held_journal.journal)
+    result = resolve(held_journal, **conf)
+    assert result.returncode != 0
+    assert message in output(held_journal)
+    assert journal_snapshot(held_journal.journal) == before
+
+
+def test_resolve_dag_records_who_resolved_what_and_when(held_journal):
+    started = time.time()
+    result = resolve(held_journal, job_id="j", item_id="a", step="notify", decision="delivered",
+                     receipt="rcpt-a", note="found in the receiver's dashboard")
+    assert result.returncode == 0, output(held_journal)
+    with StepJournal(held_journal.journal) as journal:
+        (audit,) = journal.resolutions("j")
+        assert (audit.item_id, audit.step, audit.decision, audit.receipt) == ("a", "notify", "delivered", "rcpt-a")
+        assert audit.resolved_by == "dag_test"  # the triggering user Airflow knows for `dags test`
+        assert audit.resolved_at.timestamp() >= started - 1
+        assert journal.held("j") == []
+    assert held_journal.xcom("resolve_held_item", "resolve")["audit_id"] == audit.id
+
+
+def test_provider_is_registered_with_its_config_section(airflow):
+    providers = airflow.run("providers", "list", "-o", "json", check=True).stdout
+    assert "airflow-provider-resumable" in providers
+    config = airflow.run("config", "list", "--section", "resumable", check=True).stdout
+    assert "journal_path" in config and "durability" in config
+    value = airflow.run("config", "get-value", "resumable", "durability", check=True).stdout.strip()
+    assert value.splitlines()[-1] == "full"
+    assert json.loads(providers[providers.index("["):])  # valid JSON listing

@@ -1,0 +1,205 @@
+"""Crash matrix: real runner processes SIGKILLed at every boundary of a send, and at random.
+
+A child process (tests/crash_child.py) runs 30 items through validate -> transform ->
+notify_external (a side effect delivered to a DurableReceiver, a SQLite file of its own). The child
+is killed with SIGKILL, then resumed by starting it again; holds are settled the way an operator
+does by hand (ask the receiver for the idempotency key, resolve delivered / not delivered).
+Every trial must end with each item delivered exactly once, the journal all SUCCEEDED, and no
+lock file ever touched by the test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_resumable.journal import HeldReason, Status, StepJournal
+from airflow_resumable.runner import idempotency_key
+
+from tests.crash_child import (
+    BOUNDARIES,
+    EXIT_COMPLETED,
+    EXIT_NEEDS_REVIEW,
+    ChildRun,
+)
+from tests.receivers import DurableReceiver
+
+JOB = "crash/job-1"
+N_ITEMS = 30
+IDS = [f"item-{i:03d}" for i in range(1, N_ITEMS + 1)]
+STEPS = ("validate", "transform", "notify_external")
+SEND = "notify_external"
+KILL_ITEM = "item-013"
+RANDOM_TRIALS = 20
+
+
+class Setup:
+    def __init__(self, root: Path, durability: str) -> None:
+        root.mkdir(parents=True, exist_ok=True)
+        self.root = root
+        self.journal = root / "journal" / "journal.sqlite3"
+        self.receiver_path = root / "receiver.sqlite3"
+        self.receiver = DurableReceiver(self.receiver_path)
+        self.durability = durability
+
+    def child(self, **kw) -> ChildRun:
+        return ChildRun(self.root, self.journal, self.receiver_path, JOB, durability=self.durability, **kw)
+
+    def open_journal(self) -> StepJournal:
+        return StepJournal(self.journal, durability=self.durability)
+
+
+def key(item_id: str) -> str:
+    return idempotency_key(JOB, item_id, SEND)
+
+
+def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
+    """What must hold the moment a runner is dead, whatever it was doing."""
+    counts = s.receiver.counts(JOB)
+    assert all(n == 1 for n in counts.values()), f"{context}: delivered twice: {counts}"
+    with s.open_journal() as journal:
+        rows = {(r.item_id, r.step): r for r in journal.rows(JOB)}
+    for item_id in counts:
+        # The guard: a send the receiver has must have its IN_FLIGHT (or later) record committed.
+        row = rows.get((item_id, SEND))
+        assert row is not None, f"{context}: {item_id} was delivered but the journal has no record of the send"
+        assert row.status in (Status.IN_FLIGHT, Status.SUCCEEDED), f"{context}: {item_id}: {row.status}"
+    for (item_id, step), row in rows.items():
+        if step == SEND and row.status == Status.SUCCEEDED:
+            # The journal never claims a send the receiver does not have.
+            assert row.receipt == s.receiver.lookup(key(item_id)), f"{context}: {item_id} receipt mismatch"
+    return counts
+
+
+def resume_until_complete(s: Setup, context: str, max_runs: int = 4) -> tuple[list[dict], list[tuple[str, str]]]:
+    """Run the child again (no kill) until it exits 0; settle holds between runs like an operator."""
+    summaries: list[dict] = []
+    decisions: list[tuple[str, str]] = []
+    for _ in range(max_runs):
+        code, summary, err = s.child().finish()
+        assert code in (EXIT_COMPLETED, EXIT_NEEDS_REVIEW), (
+            f"{context}: resumed run ended with exit code {code} (4 = JobBusyError: a dead runner's "
+            f"lock blocked it):\n{summary}\n{err}"
+        )
+        summaries.append(summary)
+        if code == EXIT_COMPLETED:
+            assert summary["status"] == "completed" and summary["held"] == []
+            return summaries, decisions
+        assert summary["held"], f"{context}: exit 3 without a held item: {summary}"
+        with s.open_journal() as journal:
+            held = journal.held(JOB)
+            assert sorted([h.item_id, h.step, h.reason.value] for h in held) == sorted(summary["held"])
+            for h in held:
+                assert h.step == SEND and h.reason == HeldReason.UNKNOWN_OUTCOME, f"{context}: {h}"
+                receipt = s.receiver.lookup(key(h.item_id))
+                journal.resolve(JOB, h.item_id, h.step, delivered=receipt is not None, receipt=receipt,
+                                resolved_by="oncall", note="asked the receiver for the idempotency key")
+                decisions.append((h.item_id, "delivered" if receipt else "not_delivered"))
+    raise AssertionError(f"{context}: job not complete after {max_runs} resumed runs: {summaries}")
+
+
+def check_complete(s: Setup, context: str, decisions: list[tuple[str, str]]) -> None:
+    counts = s.receiver.counts(JOB)
+    assert sorted(counts) == IDS, f"{context}: lost items: {sorted(set(IDS) - set(counts))}"
+    assert set(counts.values()) == {1}, f"{context}: duplicates: { {k: v for k, v in counts.items() if v > 1} }"
+    with s.open_journal() as journal:
+        rows = journal.rows(JOB)
+        assert sorted((r.item_id, r.step) for r in rows) == sorted((i, st) for i in IDS for st in STEPS)
+        assert {r.status for r in rows} == {Status.SUCCEEDED}, context
+        assert [r for r in rows if r.held_reason is not None] == [], context
+        assert journal.held(JOB) == []
+        summary = journal.job(JOB)
+        assert summary is not None and summary.settled, context
+        for r in rows:
+            if r.step == SEND:
+                assert r.receipt == s.receiver.lookup(key(r.item_id)), f"{context}: {r.item_id} receipt"
+        audit = journal.resolutions(JOB)
+        assert [(a.item_id, a.decision) for a in audit] == decisions, context
+    # The lock files a SIGKILLed runner left are still there: nobody cleaned them up by hand.
+    assert list(Path(str(s.journal) + ".locks").iterdir()), context
+
+
+# ------------------------------------------------------------------------- deterministic kills
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+@pytest.mark.parametrize("boundary", BOUNDARIES)
+def test_sigkill_at_boundary(tmp_path, boundary, durability):
+    s = Setup(tmp_path, durability)
+    context = f"kill at {boundary} of {KILL_ITEM} ({durability})"
+    child = s.child(pause_at=boundary, pause_item=KILL_ITEM)
+    assert child.wait_ready().startswith(f"PAUSED {boundary} {KILL_ITEM}")
+    assert child.kill(), "the child must have been killed, not have exited"
+
+    # Exactly where the kill landed.
+    counts = check_safe_after_kill(s, context)
+    accepted = boundary in ("after_accept", "after_reply")
+    assert counts == {i: 1 for i in IDS[:12] + ([KILL_ITEM] if accepted else [])}
+    with s.open_journal() as journal:
+        rows = {(r.item_id, r.step): r for r in journal.rows(JOB)}
+        assert journal.held(JOB) == []
+    for i in IDS[:12]:
+        assert [rows[(i, st)].status for st in STEPS] == [Status.SUCCEEDED] * 3, i
+    assert not [k for k in rows if k[0] > KILL_ITEM], "nothing after the killed item was started"
+    send_row = rows.get((KILL_ITEM, SEND))
+    if boundary == "local":
+        assert send_row is None
+    else:
+        assert send_row is not None and send_row.status == Status.IN_FLIGHT and send_row.attempts == 1
+        assert send_row.receipt is None
+        # The IN_FLIGHT commit took the item's buffered local results with it (JobRun's contract).
+        assert rows[(KILL_ITEM, "validate")].status == Status.SUCCEEDED
+        assert rows[(KILL_ITEM, "transform")].status == Status.SUCCEEDED
+
+    summaries, decisions = resume_until_complete(s, context)
+
+    first = summaries[0]
+    if boundary == "local":
+        assert decisions == []
+        assert len(summaries) == 1
+        assert first["skipped"] >= 12 * 3 and first["executed"] + first["skipped"] == 90
+    else:
+        # Never re-sent blindly: the unknown-outcome send is held, everything else finishes.
+        assert first["status"] == "needs_review"
+        assert first["held"] == [[KILL_ITEM, SEND, "unknown_outcome"]]
+        assert first["items_completed"] == N_ITEMS - 1
+        assert first["executed"] == 17 * 3 and first["skipped"] == 12 * 3 + 2
+        assert decisions == [(KILL_ITEM, "delivered" if accepted else "not_delivered")]
+        assert len(summaries) == 2
+        # After the resolution: sent once if it never arrived, nothing at all if it did.
+        assert (summaries[1]["executed"], summaries[1]["skipped"]) == ((0, 90) if accepted else (1, 89))
+    check_complete(s, context, decisions)
+
+
+# ------------------------------------------------------------------------------- random kills
+
+
+def test_sigkill_at_random_moments(tmp_path):
+    seed = int(os.environ.get("CRASH_MATRIX_SEED", random.SystemRandom().randrange(2**32)))
+    print(f"crash matrix seed: {seed} (rerun with CRASH_MATRIX_SEED={seed})")
+    rng = random.Random(seed)
+    landed_mid_batch = 0
+    log: list[str] = []
+    for trial in range(RANDOM_TRIALS):
+        durability = ("full", "normal")[trial % 2]
+        s = Setup(tmp_path / f"trial-{trial:02d}", durability)
+        for kill_no in range(rng.randint(1, 2)):  # sometimes the resumed run is killed as well
+            context = f"seed {seed} trial {trial} kill {kill_no} ({durability})"
+            delay = rng.uniform(0.0, 0.3)
+            child = s.child(step_ms=(1.0, 3.0))
+            child.wait_ready()
+            time.sleep(delay)
+            killed = child.kill()
+            counts = check_safe_after_kill(s, context)
+            log.append(f"{context}: {delay * 1000:.0f} ms, killed={killed}, delivered={len(counts)}")
+            if kill_no == 0 and killed and 0 < len(counts) < N_ITEMS:
+                landed_mid_batch += 1
+        _, decisions = resume_until_complete(s, f"seed {seed} trial {trial} ({durability})")
+        check_complete(s, f"seed {seed} trial {trial} ({durability})", decisions)
+    print("\n".join(log))
+    # The matrix only means something if the kills actually land in the middle of sends.
+    assert landed_mid_batch >= RANDOM_TRIALS // 2, f"only {landed_mid_batch} kills landed mid-batch:\n" + "\n".join(log)
