@@ -1,28 +1,60 @@
-"""Re-run an existing DAG run in-process, as the scheduler would after a UI "Clear".
+"""Drive an existing, cleared DagRun in-process, as the scheduler would after a UI "Clear".
 
-Usage: python -m tests.airflow_rerun DAG_ID RUN_ID. `dag.test()` with the run's own logical date and
-run_after finds the existing DagRun, clears its task instances with Airflow's own clear, and runs
-them again (try_number goes up, the task state store is kept).
+Usage: python -m tests.airflow_rerun DAG_ID RUN_ID (after `airflow tasks clear`).
+
+`dag.test()` cannot do this: it deletes a run with the same logical date and makes a new one. This
+mirrors the loop inside `DAG.test()` (Airflow 3.3) on the existing run instead, so try_number goes
+up and the task state store is kept, as with a real Clear. It uses `_run_task`, the private helper
+`dag.test()` itself calls.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 
 def main(dag_id: str, run_id: str) -> int:
+    from sqlalchemy import select
+
+    from airflow import settings
+    from airflow._shared.timezones import timezone
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.dagrun import DagRun
-    from airflow.utils.session import create_session
+    from airflow.sdk.definitions.dag import _run_task
+    from airflow.serialization.serialized_objects import DagSerialization
+    from airflow.utils.state import DagRunState, TaskInstanceState
 
-    with create_session() as session:
-        run = session.query(DagRun).filter_by(dag_id=dag_id, run_id=run_id).one()
-        logical_date, run_after = run.logical_date, run.run_after
     dag = DagBag().get_dag(dag_id)
-    finished = dag.test(logical_date=logical_date, run_after=run_after)
-    print(f"RERUN {dag_id} {finished.run_id} {finished.state}")
-    assert finished.run_id == run_id, "dag.test() created a new run instead of re-running the old one"
-    return 0
+    session = settings.Session()
+    scheduler_dag = DagSerialization.deserialize_dag(DagSerialization.serialize_dag(dag))
+    run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    run.dag = scheduler_dag
+    if run.state != DagRunState.RUNNING:  # a cleared run is queued; the scheduler starts it
+        run.state = DagRunState.RUNNING
+        run.start_date = timezone.utcnow()
+        session.commit()
+    for _ in range(300):
+        if run.state != DagRunState.RUNNING:
+            break
+        session.expire_all()
+        schedulable, _ = run.update_state(session=session)
+        for ti in schedulable:
+            if ti.state != TaskInstanceState.UP_FOR_RESCHEDULE:
+                ti.try_number += 1  # what the scheduler does when it queues a task instance
+            ti.state = TaskInstanceState.SCHEDULED
+            ti.scheduled_dttm = timezone.utcnow()
+        session.commit()
+        scheduled = [t for t in run.get_task_instances(session=session) if t.state == TaskInstanceState.SCHEDULED]
+        if not scheduled and run.state == DagRunState.RUNNING:
+            time.sleep(0.5)
+        for ti in scheduled:
+            try:
+                _run_task(ti=ti, task=dag.task_dict[ti.task_id], run_triggerer=True)
+            except Exception:  # noqa: BLE001 - the task's own state records the failure
+                pass
+    print(f"RERUN {dag_id} {run_id} {run.state}")
+    return 0 if run.state == DagRunState.SUCCESS else 1
 
 
 if __name__ == "__main__":

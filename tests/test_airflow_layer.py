@@ -72,9 +72,10 @@ def test_clear_of_a_finished_batch_task_resends_nothing(airflow):
     assert airflow.dags_test("article_verify").returncode == 0, output(airflow)
     run_id = airflow.last_run_id("article_verify")
     before = receiver(airflow).counts()
-    # Re-run the same DagRun: dag.test() clears its task instances with Airflow's own clear.
+    assert airflow.run("tasks", "clear", "article_verify", "-t", "send", "-y").returncode == 0, output(airflow)
+    assert airflow.task_states("article_verify", run_id)[("send", -1)][0] is None  # really cleared
     assert airflow.rerun("article_verify", run_id).returncode == 0, output(airflow)
-    assert airflow.task_states("article_verify", run_id)[("send", -1)][0] == "success"
+    assert airflow.task_states("article_verify", run_id)[("send", -1)] == ("success", 3)
     assert receiver(airflow).counts() == before
     summary = airflow.xcom("article_verify", "send", run_id=run_id)
     assert (summary["executed_steps"], summary["skipped_steps"]) == (0, 150)
@@ -104,8 +105,9 @@ def test_hold_fails_the_task_then_resolve_dag_and_clear_send_item_41_once(airflo
                      decision="not_delivered", note="receiver has no record")
     assert result.returncode == 0, output(airflow)
 
+    assert airflow.run("tasks", "clear", "article_hold", "-t", "send", "-y").returncode == 0, output(airflow)
     assert airflow.rerun("article_hold", run_id).returncode == 0, output(airflow)
-    assert airflow.task_states("article_hold", run_id)[("send", -1)][0] == "success"
+    assert airflow.task_states("article_hold", run_id)[("send", -1)] == ("success", 3)
     counts = receiver(airflow).counts()
     assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
     summary = airflow.xcom("article_hold", "send", run_id=run_id)

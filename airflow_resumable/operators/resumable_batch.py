@@ -220,7 +220,13 @@ class ResumableBatchOperator(BaseOperator):
         if danger:
             self.log.warning("Resumable job %s: %s; start_afresh=True, starting over.", job_id, danger)
         if store is not None:
-            store.set(STATE_STORE_KEY, here)
+            # Kept past the store's default retention: a Clear months later must still be guarded.
+            try:
+                from airflow.sdk.execution_time.context import NEVER_EXPIRE
+            except ImportError:
+                store.set(STATE_STORE_KEY, here)
+            else:
+                store.set(STATE_STORE_KEY, here, retention=NEVER_EXPIRE)
 
     def _log_progress(self, progress: BatchProgress) -> None:
         total = f"/{progress.items_total}" if progress.items_total is not None else ""

@@ -1,0 +1,176 @@
+"""A demo receiver: a real HTTP service on loopback with its own SQLite store.
+
+It accepts notifications (``POST /notifications``), honours the ``Idempotency-Key`` header (switch
+off with ``--no-dedupe`` to model receivers that do not), answers look-ups by key
+(``GET /notifications/<key>``), counts deliveries per item (``GET /stats``) and injects faults on
+request: fail *before* accepting, or accept and then fail the reply (*after accept*).
+
+Run: ``python -m airflow_resumable.demo_receiver --port 8765 --db receiver.sqlite3
+[--fault ITEM:before_accept|after_accept] [--no-dedupe]``. Faults can also be armed over HTTP:
+``POST /faults {"item_id": "item-041", "mode": "after_accept"}`` (each fires once).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sqlite3
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+FAULT_MODES = ("before_accept", "after_accept")
+
+
+class ReceiverStore:
+    def __init__(self, path: Path, *, dedupe: bool = True) -> None:
+        self.path = Path(path)
+        self.dedupe = dedupe
+        self._lock = threading.Lock()
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")  # a receipt we hand out is on disk
+        self._conn.executescript(
+            """CREATE TABLE IF NOT EXISTS deliveries (
+                   seq INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT, item_id TEXT,
+                   body TEXT, received_at REAL DEFAULT (unixepoch('subsec')));
+               CREATE INDEX IF NOT EXISTS deliveries_key ON deliveries (idempotency_key);
+               CREATE TABLE IF NOT EXISTS faults (item_id TEXT PRIMARY KEY, mode TEXT NOT NULL);"""
+        )
+
+    def arm(self, item_id: str, mode: str) -> None:
+        if mode not in FAULT_MODES:
+            raise ValueError(f"fault mode must be one of {FAULT_MODES}")
+        with self._lock:
+            self._conn.execute("INSERT OR REPLACE INTO faults VALUES (?, ?)", (item_id, mode))
+
+    def take_fault(self, item_id: str) -> str | None:
+        """The armed fault for this item, disarmed as it fires (each fault fires once)."""
+        with self._lock:
+            row = self._conn.execute("SELECT mode FROM faults WHERE item_id = ?", (item_id,)).fetchone()
+            if row:
+                self._conn.execute("DELETE FROM faults WHERE item_id = ?", (item_id,))
+            return row[0] if row else None
+
+    def accept(self, key: str | None, item_id: str, body: str) -> tuple[str, bool]:
+        """Record a delivery; returns (receipt, duplicate_suppressed)."""
+        with self._lock:
+            if self.dedupe and key:
+                found = self._conn.execute(
+                    "SELECT seq FROM deliveries WHERE idempotency_key = ? ORDER BY seq LIMIT 1", (key,)
+                ).fetchone()
+                if found:
+                    return f"rcpt-{found[0]}", True
+            cur = self._conn.execute(
+                "INSERT INTO deliveries (idempotency_key, item_id, body) VALUES (?, ?, ?)", (key, item_id, body)
+            )
+            return f"rcpt-{cur.lastrowid}", False
+
+    def lookup(self, key: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT seq FROM deliveries WHERE idempotency_key = ? ORDER BY seq LIMIT 1", (key,)
+            ).fetchone()
+        return None if row is None else f"rcpt-{row[0]}"
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            counts = dict(self._conn.execute("SELECT item_id, count(*) FROM deliveries GROUP BY item_id"))
+        return {
+            "deliveries": sum(counts.values()),
+            "items": len(counts),
+            "duplicates": sum(n - 1 for n in counts.values()),
+            "per_item": counts,
+        }
+
+
+def make_handler(store: ReceiverStore) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # quiet: the demo prints its own table
+            pass
+
+        def _json(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _body(self) -> Any:
+            length = int(self.headers.get("Content-Length") or 0)
+            return json.loads(self.rfile.read(length) or b"{}")
+
+        def do_POST(self) -> None:  # noqa: N802
+            try:
+                body = self._body()
+            except ValueError:
+                return self._json(400, {"error": "body must be JSON"})
+            if self.path == "/faults":
+                try:
+                    store.arm(str(body["item_id"]), str(body["mode"]))
+                except (KeyError, ValueError) as exc:
+                    return self._json(400, {"error": type(exc).__name__})
+                return self._json(200, {"armed": body["item_id"], "mode": body["mode"]})
+            if self.path != "/notifications":
+                return self._json(404, {"error": "not found"})
+            item_id = str(body.get("item_id", ""))
+            fault = store.take_fault(item_id)
+            if fault == "before_accept":
+                return self._json(503, {"error": "injected failure before accept"})
+            receipt, duplicate = store.accept(self.headers.get("Idempotency-Key"), item_id, json.dumps(body))
+            if fault == "after_accept":
+                # Accepted and stored, but the reply is lost: drop the connection without answering.
+                self.close_connection = True
+                self.connection.shutdown(2)
+                return None
+            return self._json(200, {"receipt": receipt, "duplicate": duplicate})
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.path == "/stats":
+                return self._json(200, store.stats())
+            if self.path == "/health":
+                return self._json(200, {"ok": True})
+            if self.path.startswith("/notifications/"):
+                receipt = store.lookup(self.path.removeprefix("/notifications/"))
+                if receipt is None:
+                    return self._json(404, {"receipt": None})
+                return self._json(200, {"receipt": receipt})
+            return self._json(404, {"error": "not found"})
+
+    return Handler
+
+
+def serve(port: int, db: Path, *, dedupe: bool = True, host: str = "127.0.0.1") -> ThreadingHTTPServer:
+    store = ReceiverStore(db, dedupe=dedupe)
+    server = ThreadingHTTPServer((host, port), make_handler(store))
+    server.daemon_threads = True
+    server.store = store  # type: ignore[attr-defined]
+    return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8765)
+    parser.add_argument("--db", type=Path, default=Path("receiver.sqlite3"))
+    parser.add_argument("--no-dedupe", action="store_true", help="ignore Idempotency-Key")
+    parser.add_argument("--fault", action="append", default=[], metavar="ITEM:MODE")
+    args = parser.parse_args(argv)
+    server = serve(args.port, args.db, dedupe=not args.no_dedupe, host=args.host)
+    for spec in args.fault:
+        item_id, _, mode = spec.partition(":")
+        server.store.arm(item_id, mode)  # type: ignore[attr-defined]
+    print(f"demo receiver on http://{args.host}:{server.server_address[1]} (store {args.db})", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
