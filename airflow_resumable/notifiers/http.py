@@ -1,0 +1,88 @@
+"""An HTTP notifier built on Airflow's HttpHook: ``notify`` POSTs with an ``Idempotency-Key``
+header, ``verify`` looks the key up on the receiver.
+
+Needs the ``http`` extra (``apache-airflow-providers-http``). Use it as a pair::
+
+    receiver = HttpNotifier(http_conn_id="receiver")
+    ResumableBatchOperator(task_id="send", items=..., notify=receiver.notify, verify=receiver.verify)
+
+Errors map to the runner's rules: a timeout, a dropped connection or a 5xx reply raise, so the step
+is recorded FAILED and its outcome is *unknown* - the next run verifies it by key, never re-sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from functools import cached_property
+from typing import Any
+
+from airflow.providers.http.hooks.http import HttpHook
+
+from airflow_resumable.runner import StepContext
+
+
+class ReceiverError(Exception):
+    """The receiver answered with an error status (the exception names only the status code)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"receiver answered HTTP {status}")
+        self.status = status
+
+
+class HttpNotifier:
+    """:param http_conn_id: Airflow HTTP connection of the receiver.
+    :param endpoint: path the notification is POSTed to.
+    :param lookup_endpoint: path of the look-up by key; ``{key}`` is replaced by the idempotency key.
+    :param payload: ``payload(item, ctx)`` -> JSON body; default: the item plus its id and step.
+    :param receipt_field: field of the JSON reply holding the receipt.
+    :param timeout: seconds for connect + read.
+    """
+
+    def __init__(
+        self,
+        http_conn_id: str = "resumable_receiver",
+        *,
+        endpoint: str = "/notifications",
+        lookup_endpoint: str = "/notifications/{key}",
+        payload: Callable[[Mapping[str, Any], StepContext], Any] | None = None,
+        receipt_field: str = "receipt",
+        timeout: float = 10.0,
+    ) -> None:
+        self.http_conn_id = http_conn_id
+        self.endpoint = endpoint
+        self.lookup_endpoint = lookup_endpoint
+        self.payload = payload
+        self.receipt_field = receipt_field
+        self.timeout = timeout
+
+    @cached_property
+    def _post(self) -> HttpHook:
+        return HttpHook(method="POST", http_conn_id=self.http_conn_id)
+
+    @cached_property
+    def _get(self) -> HttpHook:
+        return HttpHook(method="GET", http_conn_id=self.http_conn_id)
+
+    def notify(self, item: Mapping[str, Any], ctx: StepContext) -> str:
+        body = self.payload(item, ctx) if self.payload else {"item_id": ctx.item_id, "step": ctx.step, "item": dict(item)}
+        response = self._post.run(
+            self.endpoint,
+            json=body,
+            headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json"},
+            extra_options={"timeout": self.timeout, "check_response": False},
+        )
+        if response.status_code >= 400:
+            raise ReceiverError(response.status_code)
+        return str(response.json()[self.receipt_field])
+
+    def verify(self, ctx: StepContext) -> str | None:
+        response = self._get.run(
+            self.lookup_endpoint.format(key=ctx.idempotency_key),
+            extra_options={"timeout": self.timeout, "check_response": False},
+        )
+        if response.status_code == 404:
+            return None
+        if response.status_code >= 400:
+            raise ReceiverError(response.status_code)  # the runner holds the step: unknown outcome
+        receipt = response.json().get(self.receipt_field)
+        return str(receipt) if receipt else None

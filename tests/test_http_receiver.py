@@ -1,0 +1,98 @@
+"""The demo receiver over real HTTP on 127.0.0.1, and the HttpHook notifier against it."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from airflow_resumable.demo_receiver import serve
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.runner import Step, run_batch
+
+
+@pytest.fixture
+def receiver_factory(tmp_path):
+    servers = []
+
+    def start(dedupe=True):
+        server = serve(0, tmp_path / f"receiver-{len(servers)}.sqlite3", dedupe=dedupe)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def call(url, method="GET", body=None, headers=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def test_receiver_dedupes_by_key_and_answers_lookups(receiver_factory):
+    _, url = receiver_factory()
+    headers = {"Idempotency-Key": "k1", "Content-Type": "application/json"}
+    first = call(url + "/notifications", "POST", {"item_id": "a"}, headers)
+    second = call(url + "/notifications", "POST", {"item_id": "a"}, headers)
+    assert first[0] == 200 and second == (200, {"receipt": first[1]["receipt"], "duplicate": True})
+    assert call(url + "/notifications/k1") == (200, {"receipt": first[1]["receipt"]})
+    assert call(url + "/notifications/nope")[0] == 404
+    assert call(url + "/stats")[1]["per_item"] == {"a": 1}
+
+
+def test_receiver_without_dedupe_counts_duplicates(receiver_factory):
+    _, url = receiver_factory(dedupe=False)
+    for _ in range(2):
+        call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k1"})
+    assert call(url + "/stats")[1] == {"deliveries": 2, "items": 1, "duplicates": 1, "per_item": {"a": 2}}
+
+
+def test_fault_before_accept_refuses_and_stores_nothing(receiver_factory):
+    _, url = receiver_factory()
+    assert call(url + "/faults", "POST", {"item_id": "a", "mode": "before_accept"})[0] == 200
+    assert call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k"})[0] == 503
+    assert call(url + "/notifications/k")[0] == 404
+    # Each fault fires once.
+    assert call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k"})[0] == 200
+
+
+def test_fault_after_accept_stores_it_and_loses_the_reply(receiver_factory):
+    _, url = receiver_factory()
+    call(url + "/faults", "POST", {"item_id": "a", "mode": "after_accept"})
+    with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
+        call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k"})
+    assert call(url + "/notifications/k")[0] == 200
+    assert call(url + "/stats")[1]["per_item"] == {"a": 1}
+    assert call(url + "/faults", "POST", {"item_id": "a", "mode": "sideways"})[0] == 400
+
+
+@pytest.mark.parametrize("dedupe", [True, False])
+def test_http_notifier_verifies_a_lost_reply_by_key_and_never_resends(receiver_factory, monkeypatch, tmp_path, dedupe):
+    from airflow_resumable.notifiers.http import HttpNotifier
+
+    server, url = receiver_factory(dedupe=dedupe)
+    monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url}))
+    http = HttpNotifier("receiver", timeout=5)
+    items = [{"id": f"item-{i:03d}", "text": "{{ name }}"} for i in range(1, 51)]
+    steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
+    server.store.arm("item-041", "after_accept")
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(Exception) as failure:
+            run_batch(journal, "job", items, steps)
+        assert "item-041" not in str(failure.value)
+        second = run_batch(journal, "job", items, steps)
+        assert second.held == [] and second.verified_steps == 1 and second.executed_steps == 9
+    stats = server.store.stats()
+    # With dedupe off, the receiver would count any re-send: the journal alone prevents them.
+    assert stats["duplicates"] == 0 and stats["items"] == 50
