@@ -19,6 +19,9 @@ lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable tests benchmarks dags
 	$(VENV)/bin/mypy airflow_resumable/journal.py airflow_resumable/runner.py airflow_resumable/_fs.py
 
+demo: $(VENV)/.installed  ## the article's experiment end to end through real Airflow
+	$(PY) -m demo
+
 bench: $(VENV)/.installed  ## run the benchmarks and print figures and ratios
 	$(PY) -m benchmarks
 

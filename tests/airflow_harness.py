@@ -32,12 +32,14 @@ def base_env(home: Path) -> dict[str, str]:
     return env
 
 
-def migrated_template(root: Path) -> Path:
+def migrated_template(root: Path, dag_files: list[Path] | None = None) -> Path:
     """An AIRFLOW_HOME with a migrated SQLite metadata DB and our DAGs, to copy per test."""
     home = root / "airflow-template"
     dags = home / "dags"
     dags.mkdir(parents=True)
-    for source in [*(REPO / "tests" / "airflow_dags").glob("*.py"), REPO / "dags" / "resolve_held_item.py"]:
+    if dag_files is None:
+        dag_files = [*(REPO / "tests" / "airflow_dags").glob("*.py"), REPO / "dags" / "resolve_held_item.py"]
+    for source in dag_files:
         shutil.copy(source, dags / source.name)
     subprocess.run([AIRFLOW, "db", "migrate"], env=base_env(home), check=True, capture_output=True)
     return home
