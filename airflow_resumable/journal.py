@@ -338,7 +338,7 @@ class StepJournal:
                 str(self.path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            mode = self._conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            mode = self._switch_to_wal(busy_timeout)
             if str(mode).lower() != "wal":
                 raise JournalLocationError(
                     f"journal {self.path} could not be switched to WAL mode (got {mode!r}); "
@@ -393,6 +393,18 @@ class StepJournal:
                 if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
                     sidecar.chmod(0o600)
 
+    def _switch_to_wal(self, busy_timeout: float) -> str:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at
+        # once (no busy handler) while another process opens the same file: retry until the timeout.
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                return str(self._connection.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
+
     def _migrate(self) -> None:
         conn = self._connection
         version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -404,15 +416,15 @@ class StepJournal:
             )
         if version == SCHEMA_VERSION:
             return
-        if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
-            raise JournalCorruptError(
-                f"{self.path} is a SQLite database but not a step journal (it has tables and no "
-                "journal schema version). Point [resumable] journal_path at a file of its own."
-            )
         conn.execute("BEGIN IMMEDIATE")
         try:
             # Re-read under the write lock: another process may have migrated meanwhile.
             version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise JournalCorruptError(
+                    f"{self.path} is a SQLite database but not a step journal (it has tables and no "
+                    "journal schema version). Point [resumable] journal_path at a file of its own."
+                )
             for target in range(version + 1, SCHEMA_VERSION + 1):
                 for statement in _MIGRATIONS[target]:
                     conn.execute(statement)

@@ -30,7 +30,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from airflow_resumable.journal import JobBusyError, JobRun, StepJournal  # noqa: E402
 from airflow_resumable.runner import Step, run_batch  # noqa: E402
-
 from tests.receivers import DurableReceiver  # noqa: E402
 
 BOUNDARIES = ("local", "before_send", "after_accept", "after_reply")
@@ -90,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
         return {"cents": item["amount"] * 100}
 
     def notify_external(item, ctx):
-        work()
+        work()  # the request's latency: IN_FLIGHT is committed, the receiver has nothing yet
         pause("before_send", ctx.item_id)
         receipt = receiver.deliver(ctx.job_id, ctx.item_id, ctx.step, ctx.idempotency_key,
                                    str(ctx.outputs["transform"]["cents"]))
         pause("after_accept", ctx.item_id)
+        work()  # the reply's latency: the receiver has it, the journal does not know yet
         return receipt
 
     real_mark_succeeded = JobRun.mark_succeeded
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
             signal_ready(f"STARTED pid={os.getpid()}")
         started = time.monotonic()
         try:
-            result = run_batch(journal, args.job, items(args.items), steps, runner=f"crash_child:{os.getpid()}")
+            result = run_batch(journal, args.job, items(args.items), steps,
+                               runner=f"crash_child:{os.getpid()}")
         except JobBusyError as exc:
             print(json.dumps({"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}),
                   flush=True)

@@ -19,7 +19,6 @@ import pytest
 
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import idempotency_key
-
 from tests.crash_child import (
     BOUNDARIES,
     EXIT_COMPLETED,
@@ -66,7 +65,7 @@ def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
     for item_id in counts:
         # The guard: a send the receiver has must have its IN_FLIGHT (or later) record committed.
         row = rows.get((item_id, SEND))
-        assert row is not None, f"{context}: {item_id} was delivered but the journal has no record of the send"
+        assert row is not None, f"{context}: {item_id} was delivered but the journal has no record of it"
         assert row.status in (Status.IN_FLIGHT, Status.SUCCEEDED), f"{context}: {item_id}: {row.status}"
     for (item_id, step), row in rows.items():
         if step == SEND and row.status == Status.SUCCEEDED:
@@ -75,7 +74,17 @@ def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
     return counts
 
 
-def resume_until_complete(s: Setup, context: str, max_runs: int = 4) -> tuple[list[dict], list[tuple[str, str]]]:
+def in_flight_sends(s: Setup) -> dict[str, bool]:
+    """Sends the journal has IN_FLIGHT: item -> whether the receiver has it (the unknown window)."""
+    counts = s.receiver.counts(JOB)
+    with s.open_journal() as journal:
+        return {r.item_id: r.item_id in counts for r in journal.rows(JOB)
+                if r.step == SEND and r.status == Status.IN_FLIGHT}
+
+
+def resume_until_complete(
+    s: Setup, context: str, max_runs: int = 4
+) -> tuple[list[dict], list[tuple[str, str]]]:
     """Run the child again (no kill) until it exits 0; settle holds between runs like an operator."""
     summaries: list[dict] = []
     decisions: list[tuple[str, str]] = []
@@ -105,7 +114,8 @@ def resume_until_complete(s: Setup, context: str, max_runs: int = 4) -> tuple[li
 def check_complete(s: Setup, context: str, decisions: list[tuple[str, str]]) -> None:
     counts = s.receiver.counts(JOB)
     assert sorted(counts) == IDS, f"{context}: lost items: {sorted(set(IDS) - set(counts))}"
-    assert set(counts.values()) == {1}, f"{context}: duplicates: { {k: v for k, v in counts.items() if v > 1} }"
+    twice = {k: v for k, v in counts.items() if v > 1}
+    assert set(counts.values()) == {1}, f"{context}: duplicates: {twice}"
     with s.open_journal() as journal:
         rows = journal.rows(JOB)
         assert sorted((r.item_id, r.step) for r in rows) == sorted((i, st) for i in IDS for st in STEPS)
@@ -183,10 +193,15 @@ def test_sigkill_at_random_moments(tmp_path):
     print(f"crash matrix seed: {seed} (rerun with CRASH_MATRIX_SEED={seed})")
     rng = random.Random(seed)
     landed_mid_batch = 0
+    windows = {"before_accept": 0, "after_accept": 0}  # where kills caught a send IN_FLIGHT
     log: list[str] = []
-    for trial in range(RANDOM_TRIALS):
+    trial = 0
+    # At least RANDOM_TRIALS trials; a few more (up to twice as many) if the kills so far have not
+    # yet caught a send on both sides of the receiver's accept.
+    while trial < RANDOM_TRIALS or (min(windows.values()) == 0 and trial < 2 * RANDOM_TRIALS):
         durability = ("full", "normal")[trial % 2]
         s = Setup(tmp_path / f"trial-{trial:02d}", durability)
+        seen_in_flight: set[str] = set()
         for kill_no in range(rng.randint(1, 2)):  # sometimes the resumed run is killed as well
             context = f"seed {seed} trial {trial} kill {kill_no} ({durability})"
             delay = rng.uniform(0.0, 0.3)
@@ -195,11 +210,22 @@ def test_sigkill_at_random_moments(tmp_path):
             time.sleep(delay)
             killed = child.kill()
             counts = check_safe_after_kill(s, context)
-            log.append(f"{context}: {delay * 1000:.0f} ms, killed={killed}, delivered={len(counts)}")
+            caught = {i: a for i, a in in_flight_sends(s).items() if i not in seen_in_flight}
+            seen_in_flight.update(caught)  # a held send stays IN_FLIGHT: count each one once
+            for accepted in caught.values():
+                windows["after_accept" if accepted else "before_accept"] += 1
+            log.append(f"{context}: {delay * 1000:.0f} ms, killed={killed}, delivered={len(counts)}, "
+                       f"in flight {caught}")
             if kill_no == 0 and killed and 0 < len(counts) < N_ITEMS:
                 landed_mid_batch += 1
         _, decisions = resume_until_complete(s, f"seed {seed} trial {trial} ({durability})")
         check_complete(s, f"seed {seed} trial {trial} ({durability})", decisions)
+        trial += 1
     print("\n".join(log))
+    print(f"kills caught a send in flight: {windows}")
     # The matrix only means something if the kills actually land in the middle of sends.
-    assert landed_mid_batch >= RANDOM_TRIALS // 2, f"only {landed_mid_batch} kills landed mid-batch:\n" + "\n".join(log)
+    assert landed_mid_batch >= RANDOM_TRIALS // 2, (
+        f"only {landed_mid_batch} kills landed mid-batch:\n" + "\n".join(log)
+    )
+    # ... and some of them inside a send, on both sides of the receiver's accept.
+    assert min(windows.values()) >= 1, f"no kill caught a send on one side of the accept: {windows}"

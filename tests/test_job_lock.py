@@ -10,7 +10,6 @@ import pytest
 
 from airflow_resumable.journal import JobBusyError, Status, StepJournal
 from airflow_resumable.runner import Step, run_batch
-
 from tests.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
 from tests.receivers import DurableReceiver
 
