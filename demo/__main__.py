@@ -17,7 +17,6 @@ import urllib.request
 from pathlib import Path
 
 from airflow_resumable.runner import idempotency_key
-
 from tests.airflow_harness import REPO, Airflow, migrated_template
 
 MODES = {"before_accept": "fault before accept", "after_accept": "fault after accept"}

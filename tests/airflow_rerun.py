@@ -15,8 +15,6 @@ import time
 
 
 def main(dag_id: str, run_id: str) -> int:
-    from sqlalchemy import select
-
     from airflow import settings
     from airflow._shared.timezones import timezone
     from airflow.dag_processing.dagbag import DagBag
@@ -24,6 +22,7 @@ def main(dag_id: str, run_id: str) -> int:
     from airflow.sdk.definitions.dag import _run_task
     from airflow.serialization.serialized_objects import DagSerialization
     from airflow.utils.state import DagRunState, TaskInstanceState
+    from sqlalchemy import select
 
     dag = DagBag().get_dag(dag_id)
     session = settings.Session()

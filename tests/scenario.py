@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from airflow_resumable.runner import Step, StepContext
-
 from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 
 STEP_NAMES = ("validate", "transform", "notify_external")

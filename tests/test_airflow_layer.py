@@ -4,7 +4,6 @@ temporary AIRFLOW_HOME, `airflow dags test`, retries honoured, Clear through Air
 from __future__ import annotations
 
 import json
-import os
 import socket
 import sqlite3
 import time
@@ -13,7 +12,6 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
-
 from tests.receivers import DurableReceiver
 
 pytestmark = pytest.mark.airflow

@@ -12,7 +12,6 @@ import sqlite3
 from pathlib import Path
 
 from airflow_resumable.runner import Step
-
 from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 
 
