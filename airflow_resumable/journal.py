@@ -221,6 +221,10 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
            BEGIN SELECT RAISE(ABORT, 'the resolution audit log is append-only'); END""",
         """CREATE TRIGGER resolutions_no_delete BEFORE DELETE ON resolutions
            BEGIN SELECT RAISE(ABORT, 'the resolution audit log is append-only'); END""",
+        # REPLACE deletes the old row without firing DELETE triggers (recursive_triggers is off).
+        """CREATE TRIGGER resolutions_no_replace BEFORE INSERT ON resolutions
+           WHEN NEW.id IS NOT NULL AND EXISTS (SELECT 1 FROM resolutions WHERE id = NEW.id)
+           BEGIN SELECT RAISE(ABORT, 'the resolution audit log is append-only'); END""",
     ),
     2: (
         """CREATE TABLE jobs (
@@ -338,6 +342,7 @@ class StepJournal:
                 str(self.path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
             )
             self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._refuse_foreign_database()
             mode = self._switch_to_wal(busy_timeout)
             if str(mode).lower() != "wal":
                 raise JournalLocationError(
@@ -355,7 +360,7 @@ class StepJournal:
         except BaseException:
             self._close_quietly()
             raise
-        self._tighten_sidecar_permissions()
+        self._tighten_permissions()
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -377,21 +382,26 @@ class StepJournal:
                 f"cannot open the journal {self.path} ({type(exc).__name__}); check that the path is "
                 "a writable file on a local disk."
             ) from None
-        try:
-            info = os.fstat(fd)
-            if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
-                os.fchmod(fd, 0o600)
-        finally:
-            os.close(fd)
+        os.close(fd)
 
-    def _tighten_sidecar_permissions(self) -> None:
-        # SQLite gives -wal/-shm the database file's mode; this covers files left by older tools.
-        for suffix in ("-wal", "-shm"):
-            sidecar = Path(str(self.path) + suffix)
+    def _tighten_permissions(self) -> None:
+        # Only once the file is known to be a journal: a refused foreign file is left untouched.
+        for name in (str(self.path), str(self.path) + "-wal", str(self.path) + "-shm"):
             with contextlib.suppress(OSError):
-                info = sidecar.stat()
+                info = os.stat(name)
                 if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
-                    sidecar.chmod(0o600)
+                    os.chmod(name, 0o600)
+
+    def _refuse_foreign_database(self) -> None:
+        # Read-only questions first: a file that is not a journal must not be switched to WAL.
+        conn = self._connection
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 0 and conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+        ).fetchone()[0]:
+            raise JournalCorruptError(
+                f"{self.path} is a SQLite database but not a step journal (it has tables and no "
+                "journal schema version). Point [resumable] journal_path at a file of its own."
+            )
 
     def _switch_to_wal(self, busy_timeout: float) -> str:
         # Switching a new file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at
@@ -891,8 +901,9 @@ class JobRun:
         except BaseException:
             self._lock.release()
             raise
-        now = time.time()
-        self._pending.append((_TOUCH_JOB, (job_id, now, now, runner)))
+        # The jobs row is written with the first flushed record, so a run refused before it
+        # touched anything (bad input) leaves the journal exactly as it was.
+        self._runner = runner
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -990,7 +1001,7 @@ class JobRun:
             return
         pending, self._pending = self._pending, []
         now = time.time()
-        pending.append((_TOUCH_JOB, (self.job_id, now, now, None)))
+        pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
         with self.journal._write(durable=durable) as conn:
             # Consecutive records of one kind go in one executemany.
             start = 0

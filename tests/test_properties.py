@@ -1,0 +1,427 @@
+"""Property test of the runner + journal (SPEC §0, §3, §5) against a model written from the spec.
+
+Random batches (ids, payloads, order, subsets), random step failures (a local step raising; the send
+failing before the receiver accepted it, or after), random input edits between runs, and a human who
+resolves held steps by asking the receiver (its receipt if it has the idempotency key, else "not
+delivered") and input changes at random (keep previous / use new). After every run:
+
+* the receiver never got a (job, item, step) twice, except after an explicit ``use_new_input``
+  resolution of that item (which by definition sends the new input again);
+* every item of the batch ended SUCCEEDED on every step (for its current input) or is in ``held``;
+* executed + skipped counts are exactly what the spec says: per completed item, every step is either
+  executed or skipped; per held item, exactly the steps before the held one are; executed equals the
+  number of step calls that returned; skipped includes sends settled by ``verify``;
+* the journal's rows (status, digest, held reason, new digest, attempts) equal the model's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
+from airflow_resumable.runner import Step, StepContext, canonical_digest, run_batch
+
+from tests.receivers import AcceptedThenLost, RefusedBeforeAccept
+
+# validate, transform: local; notify: the side effect; ack: a local step after the send.
+STEPS = (("validate", False), ("transform", False), ("notify", True), ("ack", False))
+STEP_NAMES = tuple(name for name, _ in STEPS)
+SIDE_EFFECT = {name: side for name, side in STEPS}
+FAULT_STEPS = ("validate", "transform", "notify", "notify", "notify", "ack")
+LOCAL_FAULT, BEFORE_ACCEPT, AFTER_ACCEPT = "raise", "before_accept", "after_accept"
+IC, UO = HeldReason.INPUT_CHANGED.value, HeldReason.UNKNOWN_OUTCOME.value
+
+
+class LocalBoom(Exception):
+    pass
+
+
+FAULT_ERRORS = {LOCAL_FAULT: LocalBoom, BEFORE_ACCEPT: RefusedBeforeAccept, AFTER_ACCEPT: AcceptedThenLost}
+
+
+# ------------------------------------------------------------------------------- the outside world
+
+
+class Receiver:
+    """In memory: deliveries by idempotency key, and the duplicate check of the property."""
+
+    def __init__(self, job_id: str) -> None:
+        self.job_id = job_id
+        self.by_key: dict[str, str] = {}
+        self.counts: dict[tuple[str, str], int] = {}
+        self.key_of: dict[tuple[str, str], str] = {}
+        self.reset_allowed: set[str] = set()  # items whose next delivery may repeat (use_new_input)
+        self.violations: list[str] = []
+
+    def check_key(self, ctx: StepContext) -> None:
+        assert ctx.job_id == self.job_id
+        key = ctx.idempotency_key
+        assert isinstance(key, str) and 0 < len(key) <= 255 and key.isascii() and key.isprintable()
+        known = self.key_of.setdefault((ctx.item_id, ctx.step), key)
+        assert known == key, "the idempotency key must be the same on every retry"
+        owners = [k for k, v in self.key_of.items() if v == key]
+        assert owners == [(ctx.item_id, ctx.step)], "idempotency keys must be distinct per (item, step)"
+
+    def deliver(self, ctx: StepContext) -> str:
+        self.check_key(ctx)
+        target = (ctx.item_id, ctx.step)
+        if self.counts.get(target, 0) and ctx.item_id not in self.reset_allowed:
+            self.violations.append(f"{target} delivered again without a use_new_input resolution")
+        self.reset_allowed.discard(ctx.item_id)
+        self.counts[target] = self.counts.get(target, 0) + 1
+        receipt = f"rcpt-{ctx.item_id}-{self.counts[target]}"
+        self.by_key.setdefault(ctx.idempotency_key, receipt)
+        return receipt
+
+    def lookup(self, key: str) -> str | None:
+        return self.by_key.get(key)
+
+
+class World:
+    def __init__(self, job_id: str, with_verify: bool) -> None:
+        self.receiver = Receiver(job_id)
+        self.with_verify = with_verify
+        self.faults: dict[tuple[str, str], str] = {}
+        self.returned = 0  # step calls that returned normally (this run)
+        self.verified = 0  # verify calls that found a receipt (this run)
+
+    def steps(self) -> list[Step]:
+        def make(name: str, index: int):
+            def fn(item: Mapping[str, Any], ctx: StepContext) -> Any:
+                assert ctx.step == name and ctx.digest == canonical_digest(item)
+                # Earlier steps' outputs are handed on, whether they ran now or earlier.
+                assert tuple(ctx.outputs) == STEP_NAMES[:index]
+                if name == "ack":
+                    assert isinstance(ctx.outputs["notify"], str) and ctx.outputs["notify"].startswith("rcpt-")
+                fault = self.faults.get((ctx.item_id, name))
+                if SIDE_EFFECT[name]:
+                    if fault == BEFORE_ACCEPT:
+                        self.receiver.check_key(ctx)
+                        raise RefusedBeforeAccept()
+                    receipt = self.receiver.deliver(ctx)
+                    if fault == AFTER_ACCEPT:
+                        raise AcceptedThenLost()
+                    self.returned += 1
+                    return receipt
+                if fault == LOCAL_FAULT:
+                    raise LocalBoom()
+                self.returned += 1
+                return {"step": name, "v": item["v"]}
+            return fn
+
+        def verify(ctx: StepContext) -> str | None:
+            self.receiver.check_key(ctx)
+            receipt = self.receiver.lookup(ctx.idempotency_key)
+            self.verified += receipt is not None
+            return receipt
+
+        return [
+            Step(name, make(name, i), side_effect=side, verify=verify if (side and self.with_verify) else None)
+            for i, (name, side) in enumerate(STEPS)
+        ]
+
+
+# ----------------------------------------------------------------------------------- the model
+
+
+@dataclass(frozen=True)
+class Row:
+    status: str
+    digest: str
+    held: str | None = None
+    new_digest: str | None = None
+    attempts: int = 0
+
+
+@dataclass
+class Outcome:
+    raised: type[BaseException] | None = None
+    executed: int = 0
+    skipped: int = 0
+    verified: int = 0
+    completed: int = 0
+    held: list[tuple[str, str, str]] | None = None
+    counted: int = 0  # steps of held items before their held step
+
+
+class Model:
+    """SPEC §3's per-step rules and §5's resolutions, over plain dicts."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.rows: dict[tuple[str, str], Row] = {}
+
+    def run(self, items: list[dict[str, Any]], faults: dict[tuple[str, str], str]) -> Outcome:
+        out = Outcome(held=[])
+        for item in items:
+            item_id, digest = str(item["id"]), canonical_digest(item)
+            for index, name in enumerate(STEP_NAMES):
+                key = (item_id, name)
+                row = self.rows.get(key)
+                if row is not None and row.digest != digest:  # rule 2: hold the item, next item
+                    if row.held != IC:
+                        self.rows[key] = replace(row, held=IC, new_digest=digest)
+                    out.held.append((item_id, name, IC))
+                    out.counted += index
+                    break
+                if row is not None and row.status == "SUCCEEDED":  # rule 1: skip
+                    if row.held == IC:  # the input went back to the journaled one
+                        event("input went back: hold released")
+                        self.rows[key] = replace(row, held=None, new_digest=None)
+                    out.skipped += 1
+                    continue
+                if row is not None and SIDE_EFFECT[name]:  # rule 4: never send again; verify or hold
+                    if self.world.with_verify and self.world.receiver.lookup(self._key(item_id, name)):
+                        self.rows[key] = replace(row, status="SUCCEEDED", held=None, new_digest=None)
+                        out.skipped += 1
+                        out.verified += 1
+                        continue
+                    if row.held != UO:
+                        self.rows[key] = replace(row, held=UO, new_digest=None)
+                    out.held.append((item_id, name, UO))
+                    out.counted += index
+                    break
+                # no row, or a local step IN_FLIGHT / FAILED (rule 3): run it
+                attempts = (row.attempts if row else 0) + 1
+                fault = faults.get(key)
+                if fault is not None:  # rule 5: FAILED, and the run stops with the exception
+                    self.rows[key] = Row("FAILED", digest, attempts=attempts)
+                    out.raised = FAULT_ERRORS[fault]
+                    return out
+                self.rows[key] = Row("SUCCEEDED", digest, attempts=attempts)
+                out.executed += 1
+            else:
+                out.completed += 1
+        return out
+
+    def _key(self, item_id: str, step: str) -> str:
+        return self.world.receiver.key_of.get((item_id, step), "")
+
+    def resolve(self, item_id: str, step: str, delivered: bool) -> None:
+        row = self.rows[(item_id, step)]
+        assert row.held == UO and row.status != "SUCCEEDED"
+        if delivered:
+            self.rows[(item_id, step)] = replace(row, status="SUCCEEDED", held=row.held if row.held == IC else None)
+        else:
+            del self.rows[(item_id, step)]
+
+    def resolve_input_change(self, item_id: str, use_new: bool) -> None:
+        mine = {k: r for k, r in self.rows.items() if k[0] == item_id}
+        changed = [r for r in mine.values() if r.held == IC]
+        assert len(changed) == 1
+        for key, row in mine.items():
+            if use_new:
+                del self.rows[key]
+            else:
+                self.rows[key] = replace(row, digest=changed[0].new_digest, new_digest=None,
+                                         held=None if row.held == IC else row.held)
+
+
+# ----------------------------------------------------------------------------------- the test
+
+
+def journal_rows(journal: StepJournal, job_id: str) -> dict[tuple[str, str], Row]:
+    return {
+        (r.item_id, r.step): Row(r.status.value, r.digest, None if r.held_reason is None else r.held_reason.value,
+                                 r.new_digest, r.attempts)
+        for r in journal.rows(job_id)
+    }
+
+
+ids_strategy = st.lists(
+    st.one_of(st.integers(-(10**6), 10**6), st.text(min_size=1, max_size=6).filter(lambda s: s.strip() != "")),
+    min_size=1, max_size=7, unique_by=str,
+)
+
+
+def check_run(journal: StepJournal, world: World, model: Model, job_id: str, batch: list[dict[str, Any]],
+              faults: dict[tuple[str, str], str]) -> Outcome:
+    world.faults, world.returned, world.verified = faults, 0, 0
+    expected = model.run(batch, faults)
+    event(f"run raised {expected.raised.__name__}" if expected.raised else "run returned")
+    for _, _, reason in expected.held or []:
+        event(f"held {reason}")
+    if expected.verified:
+        event("verify found a receipt")
+    try:
+        result = run_batch(journal, job_id, [dict(item) for item in batch], world.steps())
+    except (LocalBoom, RefusedBeforeAccept, AcceptedThenLost) as exc:
+        assert expected.raised is type(exc), f"raised {type(exc).__name__}, model expected {expected.raised}"
+    else:
+        assert expected.raised is None, f"model expected {expected.raised} to propagate"
+        assert result.executed_steps == expected.executed == world.returned
+        assert result.skipped_steps == expected.skipped
+        assert result.verified_steps == expected.verified == world.verified
+        assert result.items_total == len(batch)
+        assert result.items_completed == expected.completed == len(batch) - len(result.held)
+        # Each step of each completed item is executed or skipped; of a held item, the steps before it.
+        assert result.executed_steps + result.skipped_steps == len(STEPS) * result.items_completed + expected.counted
+        assert sorted((h.item_id, h.step, h.reason.value) for h in result.held) == sorted(expected.held)
+        assert all(h.job_id == job_id for h in result.held)
+        assert len({h.item_id for h in result.held}) == len(result.held), "an item is held once per run"
+        assert result.status == ("needs_review" if result.held else "completed")
+
+        rows = journal_rows(journal, job_id)
+        held_items = {h.item_id for h in result.held}
+        for item in batch:
+            item_id = str(item["id"])
+            if item_id in held_items:
+                continue
+            mine = [rows.get((item_id, name)) for name in STEP_NAMES]
+            assert all(r is not None and r.status == "SUCCEEDED" and r.digest == canonical_digest(item)
+                       and r.held is None for r in mine), f"item {item_id!r} is neither done nor held"
+        in_batch = {str(item["id"]) for item in batch}
+        assert {h.item_id for h in journal.held(job_id)} & in_batch == held_items
+
+    assert journal_rows(journal, job_id) == model.rows
+    assert sorted((h.item_id, h.step, h.reason.value) for h in journal.held(job_id)) == sorted(
+        (k[0], k[1], r.held) for k, r in model.rows.items() if r.held is not None)
+    assert world.receiver.violations == []
+    return expected
+
+
+def resolve_holds(journal: StepJournal, world: World, model: Model, job_id: str, data: st.DataObject | None,
+                  resets: dict[str, int]) -> None:
+    """A human works through the held steps: asks the receiver, or picks an input at random. With
+    ``data``, each one may also be left held ("cannot confirm")."""
+    left_alone: set[tuple[str, str]] = set()
+    while True:
+        todo = [h for h in journal.held(job_id) if (h.item_id, h.step) not in left_alone]
+        if not todo:
+            return
+        held = todo[0]
+        if data is not None and not data.draw(st.booleans(), label=f"resolve {held.item_id}/{held.step}"):
+            left_alone.add((held.item_id, held.step))
+            continue
+        if held.reason == HeldReason.INPUT_CHANGED:
+            use_new = data.draw(st.booleans(), label="use_new_input") if data is not None else \
+                bool(len(held.item_id) % 2)
+            journal.resolve_input_change(job_id, held.item_id, use_new_input=use_new, resolved_by="prop")
+            event("resolved use_new_input" if use_new else "resolved keep_previous_input")
+            model.resolve_input_change(held.item_id, use_new)
+            if use_new:
+                world.receiver.reset_allowed.add(held.item_id)
+                resets[held.item_id] = resets.get(held.item_id, 0) + 1
+        else:
+            key = world.receiver.key_of[(held.item_id, held.step)]
+            receipt = world.receiver.lookup(key)
+            journal.resolve(job_id, held.item_id, held.step, delivered=receipt is not None, receipt=receipt,
+                            resolved_by="prop", note="asked the receiver")
+            model.resolve(held.item_id, held.step, receipt is not None)
+            event("resolved delivered" if receipt is not None else "resolved not_delivered")
+        assert journal_rows(journal, job_id) == model.rows
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    raw_ids=ids_strategy,
+    job_id=st.text(min_size=1, max_size=12).filter(lambda s: s.strip() != ""),
+    with_verify=st.booleans(),
+    rounds=st.integers(1, 6),
+    data=st.data(),
+)
+def test_runs_with_faults_edits_and_resolutions(raw_ids, job_id, with_verify, rounds, data):
+    directory = Path(tempfile.mkdtemp(prefix="resumable-prop-"))
+    world = World(job_id, with_verify)
+    model = Model(world)
+    values = {str(i): data.draw(st.integers(0, 1), label="initial value") for i in raw_ids}
+    raw_of = {str(i): i for i in raw_ids}
+    resets: dict[str, int] = {}
+
+    def item(item_id: str) -> dict[str, Any]:
+        return {"id": raw_of[item_id], "v": values[item_id]}
+
+    try:
+        with StepJournal(directory / "journal.sqlite3", durability="normal") as journal:
+            for _ in range(rounds):
+                order = data.draw(st.permutations(sorted(values)), label="order")
+                size = data.draw(st.integers(1, len(order)), label="batch size")
+                batch = [item(i) for i in order[:size]]
+                drawn = data.draw(
+                    st.dictionaries(
+                        # Sends fail more often than local steps: they are what the journal is for.
+                        st.tuples(st.sampled_from(order[:size]), st.sampled_from(FAULT_STEPS)),
+                        st.sampled_from([BEFORE_ACCEPT, AFTER_ACCEPT]), max_size=3,
+                    ),
+                    label="faults",
+                )
+                # A local step just raises; a send fails before or after the receiver accepted it.
+                faults = {k: mode if SIDE_EFFECT[k[1]] else LOCAL_FAULT for k, mode in drawn.items()}
+                check_run(journal, world, model, job_id, batch, faults)
+                resolve_holds(journal, world, model, job_id, data, resets)
+                # Two values per item, so an edit is often an edit back to what was journaled.
+                for item_id in data.draw(st.lists(st.sampled_from(sorted(values)), max_size=3), label="edits"):
+                    values[item_id] = data.draw(st.integers(0, 1), label=f"new value of {item_id}")
+
+            # Settle: no more faults or edits; resolve everything, run again, until done.
+            everything = [item(i) for i in sorted(values)]
+            for _ in range(8):
+                outcome = check_run(journal, world, model, job_id, everything, {})
+                if not outcome.held:
+                    break
+                resolve_holds(journal, world, model, job_id, None, resets)
+            else:
+                raise AssertionError("the job did not settle")
+
+            rows = journal_rows(journal, job_id)
+            assert set(rows) == {(i, s) for i in values for s in STEP_NAMES}
+            assert all(r.status == "SUCCEEDED" and r.held is None for r in rows.values())
+            assert journal.held(job_id) == [] and journal.job(job_id).settled
+            # Everything reached the receiver; more than once only after a use_new_input resolution.
+            for item_id in values:
+                count = world.receiver.counts.get((item_id, "notify"), 0)
+                assert 1 <= count <= 1 + resets.get(item_id, 0), (item_id, count, resets)
+            assert world.receiver.violations == []
+            # Settled means settled: one more run does nothing at all.
+            again = check_run(journal, world, model, job_id, everything, {})
+            assert (again.executed, again.skipped, again.held) == (0, len(STEPS) * len(values), [])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_model_would_catch_a_blind_resend(tmp_path):
+    """Control: the duplicate check fires when a send is repeated without use_new_input."""
+    world = World("j", with_verify=False)
+
+    class Ctx:
+        job_id, item_id, step, idempotency_key = "j", "a", "notify", "k-1"
+
+    world.receiver.deliver(Ctx)  # type: ignore[arg-type]
+    world.receiver.deliver(Ctx)  # type: ignore[arg-type]
+    assert world.receiver.violations
+    world.receiver.reset_allowed.add("a")
+    world.receiver.violations.clear()
+    world.receiver.deliver(Ctx)  # type: ignore[arg-type]
+    assert world.receiver.violations == []
+
+
+def test_model_agrees_with_the_article_scenario(tmp_path):
+    """Control: the model itself reproduces the article's numbers (27 executed, 122 skipped)."""
+    world = World("article", with_verify=False)
+    model = Model(world)
+    items = [{"id": f"item-{i:03d}", "v": i} for i in range(1, 51)]
+    first = model.run(items, {("item-041", "notify"): BEFORE_ACCEPT})
+    assert first.raised is RefusedBeforeAccept
+    second = model.run(items, {})
+    # 4 steps here (an ack after the send): 9 items x 4 executed; 40 x 4 + item 41's 2 skipped.
+    assert (second.executed, second.skipped, second.held) == (36, 162, [("item-041", "notify", UO)])
+    with StepJournal(tmp_path / "j.sqlite3") as journal:
+        real_world = World("article", with_verify=False)
+        real_world.faults = {("item-041", "notify"): BEFORE_ACCEPT}
+        try:
+            run_batch(journal, "article", items, real_world.steps())
+        except RefusedBeforeAccept:
+            pass
+        real_world.faults = {}
+        result = run_batch(journal, "article", items, real_world.steps())
+        assert (result.executed_steps, result.skipped_steps) == (second.executed, second.skipped)
+        assert result.held == [HeldStep("article", "item-041", "notify", HeldReason.UNKNOWN_OUTCOME)]
+        assert {r.status for r in journal.rows("article", "item-041")} == {Status.SUCCEEDED, Status.FAILED}
