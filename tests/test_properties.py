@@ -28,7 +28,6 @@ from hypothesis import strategies as st
 
 from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
 from airflow_resumable.runner import Step, StepContext, canonical_digest, run_batch
-
 from tests.receivers import AcceptedThenLost, RefusedBeforeAccept
 
 # validate, transform: local; notify: the side effect; ack: a local step after the send.
