@@ -23,7 +23,7 @@ demo: $(VENV)/.installed  ## the article's experiment end to end through real Ai
 	$(PY) -m demo
 
 bench: $(VENV)/.installed  ## run the benchmarks and print figures and ratios
-	$(PY) -m benchmarks
+	$(PY) -m benchmarks.core
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
