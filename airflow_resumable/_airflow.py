@@ -12,6 +12,10 @@ STATE_STORE_KEY = "resumable_journal"
 
 
 def _conf_get(option: str) -> str | None:
+    # The environment wins in Airflow's config too; reading it first spares an Airflow import.
+    from_env = os.environ.get(f"AIRFLOW__RESUMABLE__{option.upper()}")
+    if from_env:
+        return from_env
     try:
         from airflow.sdk import conf
     except ImportError:  # Airflow < 3.1 or no SDK: fall back to the environment only

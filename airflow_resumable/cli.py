@@ -1,0 +1,189 @@
+"""``airflow-resumable``: see what is held, why, and resolve it without opening SQLite by hand.
+
+The journal comes from ``--journal``, else ``[resumable] journal_path`` / its environment variable,
+else ``$AIRFLOW_HOME/resumable/journal.sqlite3`` - the same file the operators use. Exit codes: 0 ok,
+1 refused (nothing changed), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import getpass
+import io
+import json
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
+from datetime import datetime, timedelta
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+from airflow_resumable.journal import JournalError, StepJournal
+
+EXIT_REFUSED, EXIT_USAGE = 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit code 2
+        sys.stderr.write(f"airflow-resumable: {message} (see --help)\n")
+        raise SystemExit(EXIT_USAGE)
+
+
+def _duration(text: str) -> timedelta:
+    match = re.fullmatch(r"(\d+)([smhdw])", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30d, 12h, 90m")
+    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match.group(2)]
+    return timedelta(**{unit: int(match.group(1))})
+
+
+def _plain(value: Any) -> Any:
+    if is_dataclass(value) and not isinstance(value, type):
+        return {k: _plain(v) for k, v in asdict(value).items()}
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Enum):
+        return value.value
+    return value
+
+
+def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
+    if not rows:
+        return "(none)"
+    cells = [[str("" if row.get(c) is None else row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="airflow-resumable", description=__doc__.splitlines()[0])
+    parser.add_argument("--journal", type=Path, help="journal file (default: the Airflow config)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    sub.add_parser("jobs", help="jobs with per-status counts, held count, last update")
+    show = sub.add_parser("show", help="a job's rows")
+    show.add_argument("job_id")
+    show.add_argument("--item", help="only this item")
+    show.add_argument("--status", choices=["IN_FLIGHT", "SUCCEEDED", "FAILED"])
+    show.add_argument("--held", action="store_true", help="only held rows")
+    held = sub.add_parser("held", help="held steps (of one job or all)")
+    held.add_argument("job_id", nargs="?")
+    resolve = sub.add_parser("resolve", help="settle an unknown-outcome send")
+    resolve.add_argument("job_id")
+    resolve.add_argument("item_id")
+    resolve.add_argument("step")
+    decision = resolve.add_mutually_exclusive_group(required=True)
+    decision.add_argument("--delivered", action="store_true", help="the receiver has it (give --receipt)")
+    decision.add_argument("--not-delivered", action="store_true", help="the receiver confirmed it never arrived")
+    resolve.add_argument("--receipt")
+    resolve.add_argument("--note", default="")
+    resolve.add_argument("--resolved-by", default=None, help="default: your OS user")
+    resolve_input = sub.add_parser("resolve-input", help="settle an input_changed hold")
+    resolve_input.add_argument("job_id")
+    resolve_input.add_argument("item_id")
+    choice = resolve_input.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--use-new", action="store_true", help="process the new input from scratch")
+    choice.add_argument("--keep-previous", action="store_true", help="the new input counts as handled")
+    resolve_input.add_argument("--note", default="")
+    resolve_input.add_argument("--resolved-by", default=None)
+    audit = sub.add_parser("audit", help="the resolution audit log of a job")
+    audit.add_argument("job_id")
+    prune = sub.add_parser("prune", help="forget finished jobs older than a cut-off")
+    prune.add_argument("--older-than", type=_duration, required=True, help="e.g. 30d")
+    export = sub.add_parser("export", help="a job's rows as JSON or CSV")
+    export.add_argument("job_id")
+    export.add_argument("--format", choices=["json", "csv"], default="json")
+    return parser
+
+
+def _journal_path(args: argparse.Namespace) -> Path:
+    if args.journal:
+        return Path(args.journal)
+    from airflow_resumable._airflow import default_journal_path
+
+    return default_journal_path()
+
+
+def run(args: argparse.Namespace, out: io.TextIOBase | Any) -> int:
+    path = _journal_path(args)
+    if args.command != "prune" and not path.exists():
+        raise JournalError(f"no journal at {path}; pass --journal or set [resumable] journal_path")
+    with StepJournal(path) as journal:
+        return _dispatch(args, journal, out)
+
+
+def _emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
+    plain = _plain(data)
+    if as_json:
+        out.write(json.dumps(plain, indent=2) + "\n")
+    else:
+        out.write(_table(plain if isinstance(plain, list) else [plain], columns) + "\n")
+
+
+def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
+    who = getattr(args, "resolved_by", None) or getpass.getuser()
+    if args.command == "jobs":
+        jobs = [{**_plain(j), **j.counts, "held": j.held, "unresolved": j.unresolved} for j in journal.jobs()]
+        _emit(out, args.json, jobs, ["job_id", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held", "unresolved",
+                                     "updated_at"])
+    elif args.command == "show":
+        if journal.job(args.job_id) is None:
+            raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
+        rows = [r for r in journal.rows(args.job_id, args.item)
+                if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
+        _emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
+                                     "updated_at"])
+    elif args.command == "held":
+        _emit(out, args.json, journal.held(args.job_id), ["job_id", "item_id", "step", "reason"])
+    elif args.command == "resolve":
+        resolution = journal.resolve(args.job_id, args.item_id, args.step, delivered=args.delivered,
+                                     receipt=args.receipt, resolved_by=who, note=args.note)
+        _emit(out, args.json, resolution, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
+    elif args.command == "resolve-input":
+        resolution = journal.resolve_input_change(args.job_id, args.item_id, use_new_input=args.use_new,
+                                                  resolved_by=who, note=args.note)
+        _emit(out, args.json, resolution, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
+    elif args.command == "audit":
+        _emit(out, args.json, journal.resolutions(args.job_id),
+              ["id", "item_id", "step", "decision", "receipt", "resolved_by", "resolved_at", "note"])
+    elif args.command == "prune":
+        pruned = journal.prune(args.older_than)
+        if args.json:
+            out.write(json.dumps({"pruned": pruned}) + "\n")
+        else:
+            out.write(f"pruned {len(pruned)} job(s)" + "".join(f"\n  {j}" for j in pruned) + "\n")
+    elif args.command == "export":
+        rows = _plain(journal.rows(args.job_id))
+        if args.format == "json":
+            out.write(json.dumps(rows, indent=2) + "\n")
+        else:
+            writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["item_id"], lineterminator="\n")
+            writer.writeheader()
+            for row in rows:
+                writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args, sys.stdout)
+    except ValueError as exc:  # refused resolutions: the journal is unchanged
+        sys.stderr.write(f"airflow-resumable: refused: {exc}\n")
+        return EXIT_REFUSED
+    except JournalError as exc:
+        sys.stderr.write(f"airflow-resumable: {exc}\n")
+        return EXIT_REFUSED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
