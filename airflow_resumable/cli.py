@@ -59,8 +59,8 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
         return "(none)"
     cells = [[str("" if row.get(c) is None else row.get(c)) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)) for r in cells]
+    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join(lines)
 
 
