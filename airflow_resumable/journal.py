@@ -904,6 +904,7 @@ class JobRun:
         # The jobs row is written with the first flushed record, so a run refused before it
         # touched anything (bad input) leaves the journal exactly as it was.
         self._runner = runner
+        self._flushed = False
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -1013,6 +1014,7 @@ class JobRun:
                 conn.executemany(sql, [params for _, params in pending[start:end]])
                 start = end
         self._last_flush = time.monotonic()
+        self._flushed = True
 
     def close(self) -> None:
         try:
@@ -1026,5 +1028,10 @@ class JobRun:
     def __enter__(self) -> JobRun:
         return self
 
-    def __exit__(self, *exc_info: object) -> None:
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None and not self._flushed:
+            # A run that finished without writing a row (an empty batch) is still remembered, so
+            # the wrong-worker guard knows this journal has seen the job.
+            now = time.time()
+            self._pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
         self.close()

@@ -337,8 +337,7 @@ def test_bad_receipt_of_a_send_is_an_unknown_outcome_not_a_resend(journal, journ
 
 
 # A refused run must not even leave a trace in the jobs table (a phantom job, or a fresher
-# updated_at that postpones prune). The core currently touches the jobs row when it takes the job.
-
+# updated_at that postpones prune).
 @pytest.mark.parametrize("existing", [False, True], ids=["new-job", "existing-job"])
 def test_refused_batch_leaves_jobs_table_unchanged(journal, journal_path, existing):
     rec = Recorder()

@@ -560,6 +560,16 @@ def test_prune_keeps_unresolved_rows_ignoring_age(path):
         assert [r.status for r in journal.rows("crashed")] == [Status.IN_FLIGHT]
 
 
+def test_a_run_over_an_empty_batch_is_remembered(path):
+    """The operator's wrong-worker guard asks has_job() on a retry: a job that ran here, even with
+    nothing to do, has been seen by this journal."""
+    with StepJournal(path) as journal:
+        result = run_batch(journal, "empty/job", [], Receiver().steps())
+        assert (result.status, result.items_total) == ("completed", 0)
+        assert journal.has_job("empty/job")
+        assert [j.job_id for j in journal.jobs()] == ["empty/job"]
+
+
 # ------------------------------------------------------------------------------------ audit log
 
 
