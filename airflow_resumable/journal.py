@@ -175,7 +175,7 @@ def _ts(value: float) -> datetime:
 
 # --------------------------------------------------------------------------------------- schema
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 _STEP_COLUMNS = (
     "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, "
@@ -241,6 +241,13 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
         # Held and unresolved rows are few; this keeps the sensor's and prune's questions cheap.
         """CREATE INDEX steps_open ON steps (job_id, item_id)
            WHERE held_reason IS NOT NULL OR (side_effect = 1 AND status != 'SUCCEEDED')""",
+    ),
+    3: (
+        # Every send went into steps_open as IN_FLIGHT and out again as SUCCEEDED: two index writes
+        # per send on the hot path. Holds are what the UI, CLI and sensor look for across jobs; the
+        # open sends of one job are found through the primary key (job_id, ...).
+        "DROP INDEX steps_open",
+        "CREATE INDEX steps_held ON steps (job_id, item_id) WHERE held_reason IS NOT NULL",
     ),
 }
 
@@ -869,11 +876,12 @@ class _JobLock:
 class JobRun:
     """What a runner holds while it runs one job: the job's lock and a buffer of pending records.
 
-    Records that guard nothing (local results, a send's SUCCEEDED, holds) are buffered and written
-    in one short transaction at the next commit point, so no write transaction stays open while
-    user code runs (other jobs sharing the file never wait on ours). The ``IN_FLIGHT`` mark of a
-    send is a commit point: it is committed - and under full durability fsync'd - together with
-    everything buffered, before :meth:`mark_in_flight` returns.
+    Records are buffered and written in one short transaction at the next commit point, so no
+    write transaction stays open while user code runs (other jobs sharing the file never wait on
+    ours). The runner makes ``IN_FLIGHT`` marks commit points: it calls :meth:`flush` with
+    ``durable=True`` after :meth:`mark_in_flight` and before the send starts, so the mark is
+    committed - and under full durability fsync'd - together with everything buffered. Several
+    marks buffered before one such flush share its fsync (group commit).
     """
 
     # Commit buffered records at least this often even if no send comes along.
@@ -894,13 +902,20 @@ class JobRun:
                     f"{_ts(found[0][0]):%Y-%m-%d}; its history is gone, so running it again would "
                     "re-send every item. Use a new job_id only if sending everything again is intended."
                 )
+            # Every item id of this run (to refuse a repeated id across chunks without holding a
+            # million ids in memory) with its digest; the rows after _chunk_start are the current chunk.
             self._seen_table = f"seen_{uuid.uuid4().hex}"
             journal._connection.execute(
-                f"CREATE TEMP TABLE {self._seen_table} (item_id TEXT PRIMARY KEY) WITHOUT ROWID"
+                f"CREATE TEMP TABLE {self._seen_table} (item_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL)"
             )
+            # A job with no rows yet cannot have finished items: its first run skips the bulk check.
+            self._new_job = not journal._read("SELECT 1 FROM steps WHERE job_id = ? LIMIT 1", (job_id,))
         except BaseException:
             self._lock.release()
             raise
+        self._chunk_start = 0
+        self._chunk_ids: list[str] = []
+        self._last_touch = 0.0
         # The jobs row is written with the first flushed record, so a run refused before it
         # touched anything (bad input) leaves the journal exactly as it was.
         self._runner = runner
@@ -911,6 +926,8 @@ class JobRun:
     def lookup(self, item_ids: Sequence[str]) -> dict[str, dict[str, tuple[Any, ...]]]:
         """Rows of these items, as ``{item_id: {step: (status, digest, output_json, held_reason)}}``."""
         found: dict[str, dict[str, tuple[Any, ...]]] = {}
+        if self._new_job:
+            return found  # ids are unique within a run: only this run could have written them
         for start in range(0, len(item_ids), LOOKUP_CHUNK):
             part = item_ids[start:start + LOOKUP_CHUNK]
             marks = ",".join("?" * len(part))
@@ -922,24 +939,54 @@ class JobRun:
                 found.setdefault(item_id, {})[step] = (status, digest, output, held_reason)
         return found
 
-    def already_seen(self, item_ids: Sequence[str]) -> list[str]:
-        """Which of these ids an earlier chunk of this run had; then remember all of them."""
+    def admit(self, chunk: Sequence[tuple[str, str]]) -> list[str]:
+        """Take the next chunk's ``(item_id, digest)`` pairs; return ids an earlier chunk already had.
+
+        When nothing is repeated the chunk becomes the current one for :meth:`unfinished`.
+        """
         conn = self.journal._connection
-        repeated: list[str] = []
-        for start in range(0, len(item_ids), LOOKUP_CHUNK):
-            part = item_ids[start:start + LOOKUP_CHUNK]
-            marks = ",".join("?" * len(part))
-            repeated += [
-                r[0]
-                for r in conn.execute(
-                    f"SELECT item_id FROM temp.{self._seen_table} WHERE item_id IN ({marks})", part
-                )
-            ]
-        if not repeated:
-            conn.executemany(
-                f"INSERT INTO temp.{self._seen_table} (item_id) VALUES (?)", [(i,) for i in item_ids]
+        row = conn.execute(f"SELECT max(rowid) FROM temp.{self._seen_table}").fetchone()
+        start = row[0] or 0
+        before = conn.total_changes
+        # One transaction for the chunk: row by row, each insert would be a transaction of the temp
+        # database of its own. It takes no lock on the journal file itself.
+        conn.execute("BEGIN")
+        try:
+            conn.executemany(f"INSERT OR IGNORE INTO temp.{self._seen_table} (item_id, digest) VALUES (?, ?)", chunk)
+        finally:
+            conn.execute("COMMIT")
+        if conn.total_changes - before != len(chunk):
+            conn.execute(f"DELETE FROM temp.{self._seen_table} WHERE rowid > ?", (start,))
+            ids = [item_id for item_id, _ in chunk]
+            marks = ",".join("?" * len(ids))
+            return [r[0] for r in conn.execute(
+                f"SELECT item_id FROM temp.{self._seen_table} WHERE item_id IN ({marks})", ids
+            )]
+        self._chunk_start = start
+        self._chunk_ids = [item_id for item_id, _ in chunk]
+        return []
+
+    def unfinished(self, steps: Sequence[str]) -> set[str]:
+        """Ids of the current chunk that are not finished with the input just admitted.
+
+        Finished means: a SUCCEEDED row with the same digest and no hold for every one of ``steps``
+        (the decision table's "skip" for each). Asked in one query per chunk, so resuming a finished
+        job reads no rows into Python at all.
+        """
+        if self._new_job:
+            return set(self._chunk_ids)
+        marks = ",".join("?" * len(steps))
+        return {
+            r[0]
+            for r in self.journal._read(
+                f"""SELECT c.item_id FROM temp.{self._seen_table} c
+                    WHERE c.rowid > ? AND ? != (
+                        SELECT count(*) FROM steps s
+                        WHERE s.job_id = ? AND s.item_id = c.item_id AND s.step IN ({marks})
+                          AND s.status = 'SUCCEEDED' AND s.digest = c.digest AND s.held_reason IS NULL)""",
+                (self._chunk_start, len(steps), self.job_id, *steps),
             )
-        return repeated
+        }
 
     # -- records --------------------------------------------------------------------------------
 
@@ -955,13 +1002,12 @@ class JobRun:
         )
 
     def mark_in_flight(self, item_id: str, step: str, digest: str) -> None:
-        """Commit (and fsync, under full durability) the IN_FLIGHT mark of a send. Call *before* it."""
+        """Buffer the IN_FLIGHT mark of a send; ``flush(durable=True)`` it *before* the send starts."""
         self._pending.append(self._row(item_id, step, True, Status.IN_FLIGHT, digest, attempts=1))
-        self.flush(durable=True)
 
     def mark_succeeded(
         self, item_id: str, step: str, digest: str, *, side_effect: bool, output: str,
-        receipt: str | None, verified: bool = False,
+        receipt: str | None, verified: bool = False, commit_now: bool = False,
     ) -> None:
         # A local step has no IN_FLIGHT row of its own (it is re-run whatever its state), so its
         # attempt is counted here; a send's attempt was counted by its IN_FLIGHT mark.
@@ -970,9 +1016,7 @@ class JobRun:
             self._row(item_id, step, side_effect, Status.SUCCEEDED, digest, receipt=receipt,
                       output=output, attempts=attempts)
         )
-        if side_effect and not verified:
-            # Commit a delivered send promptly (no fsync): if the process dies during a long local
-            # step that follows, the receipt is not lost to an unknown-outcome hold.
+        if commit_now:
             self.flush(durable=False)
         else:
             self._maybe_flush()
@@ -1002,7 +1046,9 @@ class JobRun:
             return
         pending, self._pending = self._pending, []
         now = time.time()
-        pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
+        if now - self._last_touch >= self.FLUSH_SECONDS:
+            # The job's last update needs no finer grain than this (close() touches it at the end).
+            pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
         with self.journal._write(durable=durable) as conn:
             # Consecutive records of one kind go in one executemany.
             start = 0
@@ -1014,11 +1060,16 @@ class JobRun:
                 conn.executemany(sql, [params for _, params in pending[start:end]])
                 start = end
         self._last_flush = time.monotonic()
+        if now - self._last_touch >= self.FLUSH_SECONDS:
+            self._last_touch = now
         self._flushed = True
 
     def close(self) -> None:
         try:
             if self.journal._conn is not None:
+                if self._pending or self._flushed:
+                    now = time.time()  # the job's last update is the end of this run
+                    self._pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
                 self.flush(durable=False)
                 with contextlib.suppress(sqlite3.Error):
                     self.journal._connection.execute(f"DROP TABLE IF EXISTS temp.{self._seen_table}")

@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--job", required=True)
     parser.add_argument("--items", type=int, default=30)
     parser.add_argument("--durability", choices=("full", "normal"), default="full")
+    parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--pause-at", choices=BOUNDARIES)
     parser.add_argument("--pause-item")
     parser.add_argument("--marker")
@@ -116,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             signal_ready(f"STARTED pid={os.getpid()}")
         started = time.monotonic()
         try:
-            result = run_batch(journal, args.job, items(args.items), steps,
+            result = run_batch(journal, args.job, items(args.items), steps, concurrency=args.concurrency,
                                runner=f"crash_child:{os.getpid()}")
         except JobBusyError as exc:
             print(json.dumps({"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}),
@@ -143,7 +144,7 @@ class ChildRun:
     def __init__(
         self, tmp: Path, journal: Path, receiver: Path, job: str, *, durability: str = "full",
         pause_at: str | None = None, pause_item: str | None = None, release: Path | None = None,
-        step_ms: tuple[float, float] = (0.0, 0.0), n_items: int = 30,
+        step_ms: tuple[float, float] = (0.0, 0.0), n_items: int = 30, concurrency: int = 1,
     ) -> None:
         import subprocess
         import uuid
@@ -153,6 +154,7 @@ class ChildRun:
             sys.executable, str(Path(__file__).resolve()), "--journal", str(journal), "--receiver",
             str(receiver), "--job", job, "--durability", durability, "--items", str(n_items),
             "--marker", str(self.marker), "--step-ms", str(step_ms[0]), str(step_ms[1]),
+            "--concurrency", str(concurrency),
         ]
         if pause_at:
             cmd += ["--pause-at", pause_at, "--pause-item", str(pause_item)]

@@ -65,6 +65,22 @@ def test_retry_after_accept_verifies_item_41_and_sends_the_rest_once(airflow):
     assert oct(airflow.journal.stat().st_mode & 0o777) == "0o600"
 
 
+def test_concurrent_sends_retry_verifies_item_41_and_sends_every_item_once(airflow):
+    arm(airflow, "item-041", "after_accept")
+    assert airflow.dags_test("article_concurrent").returncode == 0, output(airflow)
+    assert airflow.task_states("article_concurrent") == {("send", -1): ("success", 2)}
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+    summary = airflow.xcom("article_concurrent", "send")
+    # Which items had run alongside item 41 when it failed depends on thread timing; the result not.
+    assert summary["status"] == "completed" and summary["verified_steps"] == 1
+    assert summary["executed_steps"] + summary["skipped_steps"] == 150
+    assert summary["items_total"] == summary["items_completed"] == 50
+    with StepJournal(airflow.journal) as journal:
+        rows = journal.rows(summary["job_id"])
+        assert len(rows) == 150 and {r.status.value for r in rows} == {"SUCCEEDED"}
+
+
 def test_clear_of_a_finished_batch_task_resends_nothing(airflow):
     arm(airflow, "item-041", "after_accept")
     assert airflow.dags_test("article_verify").returncode == 0, output(airflow)

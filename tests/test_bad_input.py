@@ -135,6 +135,25 @@ def test_empty_or_non_string_job_id_is_refused(journal, journal_path, seeded, jo
     assert snapshot(journal_path) == before  # not even the jobs table is touched
 
 
+@pytest.mark.parametrize("concurrency", [0, -1, 257, True, 2.0, "4", None])
+def test_bad_concurrency_is_refused(journal, journal_path, seeded, concurrency):
+    before = snapshot(journal_path)
+    with pytest.raises(ValueError, match="concurrency must be an integer from 1 to 256"):
+        run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), concurrency=concurrency)
+    assert seeded.calls == []
+    assert snapshot(journal_path) == before
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_duplicate_id_is_refused_before_anything_is_touched_at_any_concurrency(journal, journal_path, seeded,
+                                                                               concurrency):
+    before = snapshot(journal_path)
+    with pytest.raises(InvalidItemError, match="'b' appears twice"):
+        run_batch(journal, JOB, [{"id": "x"}, {"id": "b"}, {"id": "b"}], seeded.steps(), concurrency=concurrency)
+    assert seeded.calls == []
+    assert snapshot(journal_path) == before
+
+
 @pytest.mark.parametrize(
     ("bad", "names"),
     [

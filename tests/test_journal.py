@@ -183,7 +183,7 @@ def test_busy_timeout_expiry_is_a_clear_error_and_nothing_is_sent(path):
 
 def test_schema_version(path):
     with StepJournal(path) as journal:
-        assert SCHEMA_VERSION == 2
+        assert SCHEMA_VERSION == 3
         conn = raw(path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}

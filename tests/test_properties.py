@@ -12,17 +12,25 @@ delivered") and input changes at random (keep previous / use new). After every r
   executed or skipped; per held item, exactly the steps before the held one are; executed equals the
   number of step calls that returned; skipped includes sends settled by ``verify``;
 * the journal's rows (status, digest, held reason, new digest, attempts) equal the model's.
+
+The property runs with ``concurrency`` 1, 2 and 16. With sends on worker threads, a run
+that stops on an exception may have started items after the failing one (their sends are recorded
+before it returns), so for such a run each item's rows must instead be what the model gives for that
+item stopped at *some* step boundary (or untouched), and the model adopts the journal's rows. A run
+that does not raise must match the model exactly, as with concurrency 1.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
@@ -59,6 +67,7 @@ class Receiver:
         self.key_of: dict[tuple[str, str], str] = {}
         self.reset_allowed: set[str] = set()  # items whose next delivery may repeat (use_new_input)
         self.violations: list[str] = []
+        self.lock = threading.Lock()  # sends arrive on worker threads when concurrent
 
     def check_key(self, ctx: StepContext) -> None:
         assert ctx.job_id == self.job_id
@@ -70,6 +79,10 @@ class Receiver:
         assert owners == [(ctx.item_id, ctx.step)], "idempotency keys must be distinct per (item, step)"
 
     def deliver(self, ctx: StepContext) -> str:
+        with self.lock:
+            return self._deliver(ctx)
+
+    def _deliver(self, ctx: StepContext) -> str:
         self.check_key(ctx)
         target = (ctx.item_id, ctx.step)
         if self.counts.get(target, 0) and ctx.item_id not in self.reset_allowed:
@@ -103,12 +116,14 @@ class World:
                 fault = self.faults.get((ctx.item_id, name))
                 if SIDE_EFFECT[name]:
                     if fault == BEFORE_ACCEPT:
-                        self.receiver.check_key(ctx)
+                        with self.receiver.lock:
+                            self.receiver.check_key(ctx)
                         raise RefusedBeforeAccept()
                     receipt = self.receiver.deliver(ctx)
                     if fault == AFTER_ACCEPT:
                         raise AcceptedThenLost()
-                    self.returned += 1
+                    with self.receiver.lock:
+                        self.returned += 1
                     return receipt
                 if fault == LOCAL_FAULT:
                     raise LocalBoom()
@@ -158,11 +173,17 @@ class Model:
         self.world = world
         self.rows: dict[tuple[str, str], Row] = {}
 
-    def run(self, items: list[dict[str, Any]], faults: dict[tuple[str, str], str]) -> Outcome:
+    def run(self, items: list[dict[str, Any]], faults: dict[tuple[str, str], str],
+            max_steps: int | None = None) -> Outcome:
+        """``max_steps``: stop after deciding that many steps (an item cut off at a step boundary)."""
         out = Outcome(held=[])
+        decided = 0
         for item in items:
             item_id, digest = str(item["id"]), canonical_digest(item)
             for index, name in enumerate(STEP_NAMES):
+                if max_steps is not None and decided == max_steps:
+                    return out
+                decided += 1
                 key = (item_id, name)
                 row = self.rows.get(key)
                 if row is not None and row.digest != digest:  # rule 2: hold the item, next item
@@ -245,9 +266,32 @@ ids_strategy = st.lists(
 )
 
 
+def check_concurrent_stop(journal: StepJournal, world: World, model: Model, before: dict[tuple[str, str], Row],
+                          job_id: str, batch: list[dict[str, Any]], faults: dict[tuple[str, str], str]) -> None:
+    """A concurrent run raised: every item is untouched, or as the model has it cut off at a step boundary."""
+    rows = journal_rows(journal, job_id)
+    in_batch = {str(item["id"]) for item in batch}
+    assert {k: r for k, r in rows.items() if k[0] not in in_batch} == {
+        k: r for k, r in before.items() if k[0] not in in_batch}, "a run touched an item not in its batch"
+    assert [k for k, r in rows.items() if r.status == "IN_FLIGHT"] == [], "every started send was recorded"
+    for item in batch:
+        item_id = str(item["id"])
+        mine = {k: r for k, r in rows.items() if k[0] == item_id}
+        candidates = []
+        for cut in range(len(STEPS) + 1):
+            alone = Model(world)
+            alone.rows = {k: r for k, r in before.items() if k[0] == item_id}
+            alone.run([item], faults, max_steps=cut)
+            candidates.append(alone.rows)
+        assert mine in candidates, f"item {item_id!r}: {mine} is no step boundary of {candidates}"
+    event("concurrent run stopped on an exception")
+    model.rows = rows
+
+
 def check_run(journal: StepJournal, world: World, model: Model, job_id: str, batch: list[dict[str, Any]],
-              faults: dict[tuple[str, str], str]) -> Outcome:
+              faults: dict[tuple[str, str], str], concurrency: int = 1) -> Outcome:
     world.faults, world.returned, world.verified = faults, 0, 0
+    before = dict(model.rows)
     expected = model.run(batch, faults)
     event(f"run raised {expected.raised.__name__}" if expected.raised else "run returned")
     for _, _, reason in expected.held or []:
@@ -255,9 +299,15 @@ def check_run(journal: StepJournal, world: World, model: Model, job_id: str, bat
     if expected.verified:
         event("verify found a receipt")
     try:
-        result = run_batch(journal, job_id, [dict(item) for item in batch], world.steps())
+        result = run_batch(journal, job_id, [dict(item) for item in batch], world.steps(), concurrency=concurrency)
     except (LocalBoom, RefusedBeforeAccept, AcceptedThenLost) as exc:
-        assert expected.raised is type(exc), f"raised {type(exc).__name__}, model expected {expected.raised}"
+        assert expected.raised is not None, f"raised {type(exc).__name__}, the model expected no exception"
+        if concurrency == 1:
+            assert expected.raised is type(exc), f"raised {type(exc).__name__}, model expected {expected.raised}"
+        else:
+            # Another fault of this batch may be reached first when later items run alongside.
+            assert type(exc) in {FAULT_ERRORS[mode] for mode in faults.values()}
+            check_concurrent_stop(journal, world, model, before, job_id, batch, faults)
     else:
         assert expected.raised is None, f"model expected {expected.raised} to propagate"
         assert result.executed_steps == expected.executed == world.returned
@@ -323,6 +373,7 @@ def resolve_holds(journal: StepJournal, world: World, model: Model, job_id: str,
         assert journal_rows(journal, job_id) == model.rows
 
 
+@pytest.mark.parametrize("concurrency", [1, 2, 16])  # 2: sends in flight while small batches go on
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     raw_ids=ids_strategy,
@@ -331,7 +382,7 @@ def resolve_holds(journal: StepJournal, world: World, model: Model, job_id: str,
     rounds=st.integers(1, 6),
     data=st.data(),
 )
-def test_runs_with_faults_edits_and_resolutions(raw_ids, job_id, with_verify, rounds, data):
+def test_runs_with_faults_edits_and_resolutions(concurrency, raw_ids, job_id, with_verify, rounds, data):
     directory = Path(tempfile.mkdtemp(prefix="resumable-prop-"))
     world = World(job_id, with_verify)
     model = Model(world)
@@ -358,7 +409,7 @@ def test_runs_with_faults_edits_and_resolutions(raw_ids, job_id, with_verify, ro
                 )
                 # A local step just raises; a send fails before or after the receiver accepted it.
                 faults = {k: mode if SIDE_EFFECT[k[1]] else LOCAL_FAULT for k, mode in drawn.items()}
-                check_run(journal, world, model, job_id, batch, faults)
+                check_run(journal, world, model, job_id, batch, faults, concurrency)
                 resolve_holds(journal, world, model, job_id, data, resets)
                 # Few values per item, so an edit is often an edit back to what was journaled.
                 for item_id in data.draw(st.lists(st.sampled_from(sorted(values)), max_size=3), label="edits"):
@@ -367,7 +418,7 @@ def test_runs_with_faults_edits_and_resolutions(raw_ids, job_id, with_verify, ro
             # Settle: no more faults or edits; resolve everything, run again, until done.
             everything = [item(i) for i in sorted(values)]
             for _ in range(8):
-                outcome = check_run(journal, world, model, job_id, everything, {})
+                outcome = check_run(journal, world, model, job_id, everything, {}, concurrency)
                 if not outcome.held:
                     break
                 resolve_holds(journal, world, model, job_id, None, resets)
@@ -384,7 +435,7 @@ def test_runs_with_faults_edits_and_resolutions(raw_ids, job_id, with_verify, ro
                 assert 1 <= count <= 1 + resets.get(item_id, 0), (item_id, count, resets)
             assert world.receiver.violations == []
             # Settled means settled: one more run does nothing at all.
-            again = check_run(journal, world, model, job_id, everything, {})
+            again = check_run(journal, world, model, job_id, everything, {}, concurrency)
             assert (again.executed, again.skipped, again.held) == (0, len(STEPS) * len(values), [])
     finally:
         shutil.rmtree(directory, ignore_errors=True)

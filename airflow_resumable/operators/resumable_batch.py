@@ -23,7 +23,7 @@ from airflow_resumable._airflow import (
     default_journal_path,
 )
 from airflow_resumable.journal import StepJournal
-from airflow_resumable.runner import BatchProgress, BatchResult, Step, run_batch
+from airflow_resumable.runner import MAX_CONCURRENCY, BatchProgress, BatchResult, Step, run_batch
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -72,6 +72,8 @@ class ResumableBatchOperator(BaseOperator):
         journal has never seen the job (the wrong-worker guard). Every item may be sent again.
     :param allow_network_filesystem: see :class:`~airflow_resumable.journal.StepJournal`.
     :param progress_interval: seconds between progress lines in the task log.
+    :param concurrency: how many sends may be in flight at once (worker threads; default 1). Their
+        IN_FLIGHT marks are committed in groups, one fsync per group. Items may finish out of order.
     """
 
     template_fields: Sequence[str] = ("items", "job_id")
@@ -94,6 +96,7 @@ class ResumableBatchOperator(BaseOperator):
         start_afresh: bool = False,
         allow_network_filesystem: bool = False,
         progress_interval: float = 30.0,
+        concurrency: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -124,6 +127,11 @@ class ResumableBatchOperator(BaseOperator):
         self.start_afresh = start_afresh
         self.allow_network_filesystem = allow_network_filesystem
         self.progress_interval = progress_interval
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+            raise ValueError(
+                f"{self.task_id}: concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}"
+            )
+        self.concurrency = concurrency
 
     # -- templating -----------------------------------------------------------------------------
 
@@ -180,7 +188,7 @@ class ResumableBatchOperator(BaseOperator):
             self.log.info("Resumable job %s: journal %s on %s", job_id, journal.path, hostname)
             result = run_batch(
                 journal, job_id, self._iter_items(context), self.steps, id_field=self.id_field,
-                on_progress=self._log_progress, progress_interval=self.progress_interval,
+                concurrency=self.concurrency, on_progress=self._log_progress, progress_interval=self.progress_interval,
                 runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
             )
             summary = _summary(result, journal, hostname)

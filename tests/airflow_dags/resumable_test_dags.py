@@ -16,6 +16,9 @@ start = datetime(2026, 1, 1)
 with DAG("article_verify", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True))
 
+with DAG("article_concurrent", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True), concurrency=8)
+
 with DAG("article_hold", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False))
 
