@@ -11,6 +11,14 @@ With ``durability="full"`` the journal additionally fsyncs the WAL file after ev
 returning to the caller. Records that guard nothing (a local step's result, a send's ``SUCCEEDED``)
 ride along with the next fsync: losing one of them to a power cut only makes the runner redo a
 local step or verify a send again, never send twice.
+
+Receipt log
+-----------
+A delivered send's receipt must survive the process being killed in whatever user code runs next,
+but a SQLite commit for it would double the cost of every send. So the runner appends it to the
+job's receipt log (``<journal>.locks/<job>.receipts``, one ``write``, no fsync) and commits it with
+the next commit point. Opening the journal folds the log of any job whose runner is gone into the
+steps it names - only rows still ``IN_FLIGHT`` with the same digest - and removes it.
 """
 
 from __future__ import annotations
@@ -274,6 +282,16 @@ UPDATE steps SET held_reason = ?, new_digest = ?, updated_at = ?
 WHERE job_id = ? AND item_id = ? AND step = ?
 """
 
+# A receipt from a dead runner's log settles only the very row it was logged for: a send still
+# IN_FLIGHT for the same input, not held. Anything else has moved on (resolved, re-run) since.
+_FOLD_RECEIPT = """
+UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, updated_at = ?
+WHERE job_id = ? AND item_id = ? AND step = ? AND digest = ? AND side_effect = 1
+  AND status = 'IN_FLIGHT' AND held_reason IS NULL
+"""
+
+RECEIPT_LOG_SUFFIX = ".receipts"
+
 _TOUCH_JOB = """
 INSERT INTO jobs (job_id, created_at, updated_at, last_runner) VALUES (?, ?, ?, ?)
 ON CONFLICT (job_id) DO UPDATE SET updated_at = excluded.updated_at,
@@ -368,6 +386,7 @@ class StepJournal:
             self._close_quietly()
             raise
         self._tighten_permissions()
+        self._fold_orphaned_receipt_logs()
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -544,6 +563,45 @@ class StepJournal:
     def _lock_path(self, job_id: str) -> Path:
         name = hashlib.sha256(job_id.encode("utf-8")).hexdigest()[:40]
         return Path(str(self.path) + ".locks") / f"{name}.lock"
+
+    def _receipt_log_path(self, job_id: str) -> Path:
+        return self._lock_path(job_id).with_suffix(RECEIPT_LOG_SUFFIX)
+
+    def _fold_orphaned_receipt_logs(self) -> None:
+        """Commit what dead runners logged but had not committed yet (see "Receipt log")."""
+        directory = Path(str(self.path) + ".locks")
+        try:
+            names = [n for n in os.listdir(directory) if n.endswith(RECEIPT_LOG_SUFFIX)]
+        except FileNotFoundError:
+            return
+        for name in names:
+            try:
+                lock = _JobLock(directory / (name[: -len(RECEIPT_LOG_SUFFIX)] + ".lock"), "(receipt log)",
+                                self.path, runner="receipt log fold")
+            except JobBusyError:
+                continue  # its runner is alive: it commits its receipts itself
+            try:
+                self._fold_receipt_log(directory / name)
+            finally:
+                lock.release()
+
+    def _fold_receipt_log(self, path: Path) -> None:
+        """Fold one job's receipt log into its steps, then remove it. The caller holds the job lock."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        updates = []
+        for line in data.split(b"\n"):
+            try:
+                job_id, item_id, step, digest, output, receipt, at = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a torn last line: that send stays IN_FLIGHT, to be verified
+            updates.append((receipt, output, at, job_id, item_id, step, digest))
+        if updates:
+            with self._write(durable=True) as conn:
+                conn.executemany(_FOLD_RECEIPT, updates)
+        path.unlink(missing_ok=True)
 
     # -- read API -----------------------------------------------------------------------------
 
@@ -916,6 +974,15 @@ class JobRun:
         self._chunk_start = 0
         self._chunk_ids: list[str] = []
         self._last_touch = 0.0
+        # A previous run of this job that died left its receipts here: commit them before deciding.
+        self._receipt_log = journal._receipt_log_path(job_id)
+        self._receipt_fd: int | None = None
+        self._receipt_bytes = 0
+        try:
+            journal._fold_receipt_log(self._receipt_log)
+        except BaseException:
+            self._lock.release()
+            raise
         # The jobs row is written with the first flushed record, so a run refused before it
         # touched anything (bad input) leaves the journal exactly as it was.
         self._runner = runner
@@ -1007,8 +1074,10 @@ class JobRun:
 
     def mark_succeeded(
         self, item_id: str, step: str, digest: str, *, side_effect: bool, output: str,
-        receipt: str | None, verified: bool = False, commit_now: bool = False,
+        receipt: str | None, verified: bool = False, log_receipt: bool = False,
     ) -> None:
+        """Buffer a SUCCEEDED row; ``log_receipt`` also appends a send's receipt to the receipt log
+        at once, so that it survives the process dying before the next commit."""
         # A local step has no IN_FLIGHT row of its own (it is re-run whatever its state), so its
         # attempt is counted here; a send's attempt was counted by its IN_FLIGHT mark.
         attempts = 0 if side_effect else 1
@@ -1016,10 +1085,21 @@ class JobRun:
             self._row(item_id, step, side_effect, Status.SUCCEEDED, digest, receipt=receipt,
                       output=output, attempts=attempts)
         )
-        if commit_now:
-            self.flush(durable=False)
-        else:
-            self._maybe_flush()
+        if log_receipt:
+            self._append_receipt(item_id, step, digest, output, receipt)
+        self._maybe_flush()
+
+    # A log past this size is emptied after the next commit (everything in it is committed then).
+    RECEIPT_LOG_LIMIT = 1 << 20
+
+    def _append_receipt(self, item_id: str, step: str, digest: str, output: str, receipt: str | None) -> None:
+        if self._receipt_fd is None:
+            self._receipt_fd = os.open(self._receipt_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        line = json.dumps([self.job_id, item_id, step, digest, output, receipt, time.time()],
+                          ensure_ascii=False, separators=(",", ":"))
+        data = line.encode("utf-8") + b"\n"
+        os.write(self._receipt_fd, data)  # one write: a kill leaves the line whole or (last) torn
+        self._receipt_bytes += len(data)
 
     def mark_failed(self, item_id: str, step: str, digest: str, *, side_effect: bool, error_type: str) -> None:
         self._pending.append(
@@ -1063,6 +1143,9 @@ class JobRun:
         if now - self._last_touch >= self.FLUSH_SECONDS:
             self._last_touch = now
         self._flushed = True
+        if self._receipt_fd is not None and self._receipt_bytes > self.RECEIPT_LOG_LIMIT:
+            os.ftruncate(self._receipt_fd, 0)  # all of it was in the transaction just committed
+            self._receipt_bytes = 0
 
     def close(self) -> None:
         try:
@@ -1071,9 +1154,15 @@ class JobRun:
                     now = time.time()  # the job's last update is the end of this run
                     self._pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
                 self.flush(durable=False)
+                # Every logged receipt is committed now; a failed flush above keeps the log for the
+                # next open to fold.
+                self._receipt_log.unlink(missing_ok=True)
                 with contextlib.suppress(sqlite3.Error):
                     self.journal._connection.execute(f"DROP TABLE IF EXISTS temp.{self._seen_table}")
         finally:
+            if self._receipt_fd is not None:
+                os.close(self._receipt_fd)
+                self._receipt_fd = None
             self._lock.release()
 
     def __enter__(self) -> JobRun:

@@ -366,7 +366,7 @@ class _Batch:
         self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=False, output=encoded, receipt=None)
         return encoded
 
-    def record_send(self, send: _Send, outcome: _Outcome, *, commit_now: bool) -> str:
+    def record_send(self, send: _Send, outcome: _Outcome) -> str:
         """Record a finished send; raise its error (after recording FAILED) if it had one."""
         p, step = send.item, send.step
         error = outcome.error
@@ -378,8 +378,10 @@ class _Batch:
         if error is not None:
             self._failed(step, p, error)
             raise error
+        # The receipt goes to the job's receipt log at once (committed with the next commit point):
+        # a crash in the next step must not turn a delivered send back into an unknown outcome.
         self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
-                                receipt=_receipt_of(outcome.value, encoded), commit_now=commit_now)
+                                receipt=_receipt_of(outcome.value, encoded), log_receipt=True)
         return encoded
 
     def _failed(self, step: Step, p: _Prepared, exc: BaseException) -> None:
@@ -428,9 +430,7 @@ class _Sequential:
             run = self.batch.run
             run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
             run.flush(durable=True)  # on disk before the send starts
-            # The receipt is committed at once: a crash in the item's next local step (or the next
-            # item's) must not turn a delivered send back into an unknown outcome.
-            encoded = self.batch.record_send(send, _call(send), commit_now=True)
+            encoded = self.batch.record_send(send, _call(send))
             send = _advance(gen, encoded)
 
     def finish(self) -> None:
@@ -446,8 +446,8 @@ class _Concurrent:
     Sends are started in groups: the IN_FLIGHT marks of a group are committed together, with one
     fsync under full durability, before any send of the group starts (group commit). A group is
     started once at least ``n // 4`` sends are ready (or nothing else is in flight), so a full
-    pipeline costs at most one fsync per four sends. Receipts are committed with the next group's
-    marks. Local steps run on this thread, between sends.
+    pipeline costs at most one fsync per four sends. Receipts are logged as they arrive and
+    committed with the next group's marks. Local steps run on this thread, between sends.
     """
 
     def __init__(self, batch: _Batch, n: int) -> None:
@@ -492,7 +492,7 @@ class _Concurrent:
         for future in done:
             gen, send = self.in_flight.pop(future)
             try:
-                encoded = self.batch.record_send(send, future.result(), commit_now=False)
+                encoded = self.batch.record_send(send, future.result())
             except BaseException:
                 gen.close()
                 raise
@@ -512,7 +512,7 @@ class _Concurrent:
                     gen, send = self.in_flight.pop(future)
                     gen.close()
                     try:
-                        self.batch.record_send(send, future.result(), commit_now=False)
+                        self.batch.record_send(send, future.result())
                     except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
                         pass
         finally:

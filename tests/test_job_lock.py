@@ -55,14 +55,17 @@ def test_second_process_is_refused_at_once_then_takes_over_after_sigkill(tmp_pat
 
     assert first.kill()
     lock_dir = Path(str(journal_path) + ".locks")
-    stale = sorted(lock_dir.iterdir())
+    stale = sorted(lock_dir.glob("*.lock"))
     assert stale, "the killed runner left its lock file behind"
+    # ... and its receipt log: item 12's receipt was logged, not yet committed.
+    assert list(lock_dir.glob("*.receipts"))
 
     # No cleanup: the next run simply gets the lock and finishes the job.
     code, summary, err = ChildRun(tmp_path, journal_path, receiver_path, JOB).finish()
     assert code == EXIT_COMPLETED, (code, summary, err)
     assert summary["status"] == "completed" and summary["skipped"] >= 12 * 3
-    assert sorted(lock_dir.iterdir()) == stale
+    assert sorted(lock_dir.glob("*.lock")) == stale
+    assert list(lock_dir.glob("*.receipts")) == [], "the next run folded the log and removed it"
     counts = receiver.counts(JOB)
     assert sorted(counts) == IDS and set(counts.values()) == {1}
     _all_succeeded(journal_path, JOB)
