@@ -125,6 +125,7 @@ def test_jobs_page_lists_item_41_with_a_prefilled_resolve_link(server, admin):
     status, _, html = airflow_server.get(server.url + "/resumable/", bearer=admin, accept="text/html")
     assert status == 200
     assert "item-041" in html and "unknown outcome" in html and "LostReply" in html and SECRET not in html
+    assert 'data-label="Items" class="num">51<' in html and "built-in method" not in html
     links = [unescape(h) for h in re.findall(r'href="([^"]*/resolve\?[^"]*)"', html)]
     query = {}
     for link in links:

@@ -24,6 +24,7 @@ from urllib.parse import quote, urlencode
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from jinja2 import Environment, PackageLoader
+from markupsafe import Markup, escape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_resumable._airflow import default_journal_path
@@ -236,7 +237,13 @@ def _when(value: datetime | str | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
+def _breakable(value: str) -> Markup:
+    """Long job ids wrap after their slashes rather than mid-word (each part still escaped)."""
+    return Markup("/<wbr>").join(escape(part) for part in str(value).split("/"))
+
+
 _templates.filters["when"] = _when
+_templates.filters["breakable"] = _breakable
 _templates.globals.update(job_path=job_path, resolve_path=resolve_path, batch_task_path=batch_task_path)
 
 
