@@ -32,6 +32,8 @@ def server_env(env: dict[str, str], home: Path, port: int) -> dict[str, str]:
     passwords = home / "passwords.json"
     passwords.write_text(json.dumps(USERS))
     env = dict(env)
+    # `airflow standalone` starts its components as `airflow ...` from PATH: this venv's.
+    env["PATH"] = os.pathsep.join([str(Path(AIRFLOW).parent), env.get("PATH", "")])
     env.update(
         AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS="admin:admin,viewer:viewer",
