@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import urllib.request
@@ -136,6 +137,12 @@ def test_resolve_item_41_from_the_resumable_jobs_page(airflow_up):
             frame.locator("#trigger").click()
             expect(frame.locator("#run-state")).to_have_text("Run state: success", timeout=240_000)
             expect(frame.locator("#outcome")).to_contain_text("Resolved")
+            # "open the batch task" shows Airflow's own task page in the top window, not nested in the frame.
+            frame.locator("#outcome").get_by_role("link", name="open the batch task").click()
+            expect(page).to_have_url(re.compile("^" + re.escape(f"{url}/dags/article_resumable/runs/") + ".*/tasks/send$"))
+            expect(page.locator('iframe[title="Resumable jobs"]')).to_have_count(0)
+            expect(page.get_by_text("ResumableBatchOperator")).to_be_visible(timeout=60_000)
+            shoot(page, "batch-task-in-airflow-1280")
         finally:
             browser.close()
 
@@ -169,6 +176,7 @@ def test_resolve_item_41_from_the_resumable_jobs_page(airflow_up):
 
     stats = receiver.call("/stats")[1]
     assert stats["duplicates"] == 0 and stats["items"] == 50, stats
-    summary = api(f"{run_url}/taskInstances/send/xcomEntries/resumable_summary?deserialize=true&stringify=false", admin)["value"]
+    xcom = f"{run_url}/taskInstances/send/xcomEntries/resumable_summary?deserialize=true&stringify=false"
+    summary = api(xcom, admin)["value"]
     summary = json.loads(summary) if isinstance(summary, str) else summary
     assert (summary["status"], summary["executed_steps"]) == ("completed", 0)

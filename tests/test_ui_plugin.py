@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import subprocess
+import sys
 from html import unescape
 from urllib.parse import parse_qs, quote, urlparse
 
@@ -197,3 +199,29 @@ def test_airflow_discovered_the_plugin_and_its_external_view(server, admin):
     assert (view["name"], view["url_route"], view["href"], view["destination"]) == (
         "Resumable jobs", "resumable-jobs", "resumable/", "nav")
     assert "airflow-provider-resumable" in plugin["source"]  # loaded through the entry point
+
+
+PROVIDER_INFO_CHECK = """
+from importlib import import_module
+from importlib.metadata import entry_points
+from airflow.providers_manager import ProvidersManager
+from airflow_resumable.plugins import ResumableJobsPlugin
+
+info = ProvidersManager().providers["airflow-provider-resumable"].data
+(plugin,) = info["plugins"]
+module, _, name = plugin["plugin-class"].rpartition(".")
+assert getattr(import_module(module), name) is ResumableJobsPlugin and plugin["name"] == ResumableJobsPlugin.name
+(entry,) = [e for e in entry_points(group="airflow.plugins") if e.name == "resumable_jobs"]
+assert entry.load() is ResumableJobsPlugin
+(link,) = info["extra-links"]
+module, _, name = link.rpartition(".")
+assert getattr(import_module(module), name)().name == "Resumable job"
+print("ok")
+"""
+
+
+def test_provider_info_registers_the_plugin_and_the_extra_link(airflow_template):
+    # In a subprocess with a test AIRFLOW_HOME: importing Airflow here would configure this process.
+    proc = subprocess.run([sys.executable, "-c", PROVIDER_INFO_CHECK], env=base_env(airflow_template),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

@@ -229,12 +229,14 @@ def batch_task_path(job_id: str) -> str | None:
     return None
 
 
-def _when(value: datetime | str | None) -> str:
+def _when(value: datetime | str | None) -> Markup:
+    """Date and time, each kept on one line (a narrow column wraps between them, not inside)."""
     if value is None:
-        return ""
+        return Markup("")
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    return value.strftime("%Y-%m-%d %H:%M:%S UTC")
+    return Markup('<span class="nowrap">{}</span> <span class="nowrap">{}</span>').format(
+        value.strftime("%Y-%m-%d"), value.strftime("%H:%M:%S UTC"))
 
 
 def _breakable(value: str) -> Markup:
