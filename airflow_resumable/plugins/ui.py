@@ -235,7 +235,7 @@ def _when(value: datetime | str | None) -> Markup:
         return Markup("")
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    return Markup('<span class="nowrap">{}</span> <span class="nowrap">{}</span>').format(
+    return Markup('<span><span class="nowrap">{}</span> <span class="nowrap">{}</span></span>').format(
         value.strftime("%Y-%m-%d"), value.strftime("%H:%M:%S UTC"))
 
 
