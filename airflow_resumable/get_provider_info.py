@@ -33,6 +33,12 @@ def get_provider_info() -> dict[str, Any]:
         "sensors": [
             {"integration-name": "Resumable batches", "python-modules": ["airflow_resumable.sensors.held_items"]}
         ],
+        # The "Resumable jobs" page; Airflow 3.3 loads it through the airflow.plugins entry point and
+        # reads this list only with [core] lazy_discover_providers = False (it skips the duplicate).
+        "plugins": [
+            {"name": "resumable_jobs", "plugin-class": "airflow_resumable.plugins.ResumableJobsPlugin"}
+        ],
+        "extra-links": ["airflow_resumable.links.ResumableJobLink"],
         "config": {
             "resumable": {
                 "description": "Step journal of airflow-provider-resumable (worker-local SQLite).",

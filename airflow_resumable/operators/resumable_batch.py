@@ -22,7 +22,9 @@ from airflow_resumable._airflow import (
     default_job_id,
     default_journal_path,
 )
+from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.journal import StepJournal
+from airflow_resumable.links import ResumableJobLink
 from airflow_resumable.runner import MAX_CONCURRENCY, BatchProgress, BatchResult, Step, run_batch
 
 if TYPE_CHECKING:
@@ -78,6 +80,8 @@ class ResumableBatchOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("items", "job_id")
     ui_color = "#e8f4ea"
+    # The task instance's "Resumable job" button opens its job on the Resumable jobs page (issue 6).
+    operator_extra_links = (ResumableJobLink(),)
 
     def __init__(
         self,
@@ -194,6 +198,8 @@ class ResumableBatchOperator(BaseOperator):
             summary = _summary(result, journal, hostname)
         context["ti"].xcom_push(key=SUMMARY_XCOM_KEY, value=summary)
         self._report(result)
+        # Metrics (issue 6): before a held-items failure, so held counts are reported too.
+        emit_batch_metrics(result, dag_id=context["ti"].dag_id, task_id=context["ti"].task_id)
         if result.held and self.on_held == "fail":
             raise HeldItemsError(_held_message(result))
         return summary

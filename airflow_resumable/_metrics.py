@@ -1,0 +1,38 @@
+"""Batch counters for Airflow's metrics (StatsD, Datadog or OpenTelemetry, as Airflow is configured).
+
+Only the operator calls this: the journal and the runner import nothing from Airflow.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow_resumable.runner import BatchResult
+
+METRIC_PREFIX = "resumable.steps"
+
+
+def _stats() -> Any:
+    # The SDK's Stats client, set up from [metrics] by Airflow (StatsD needs the `statsd` package,
+    # i.e. apache-airflow[statsd]; without a backend the counters go nowhere and cost nothing).
+    from airflow.sdk.observability import stats
+
+    return stats
+
+
+def emit_batch_metrics(result: BatchResult, *, dag_id: str, task_id: str) -> None:
+    """``resumable.steps.{executed,skipped,verified,held}`` counters for one run of a batch.
+
+    ``skipped`` includes ``verified`` (a send confirmed by the receiver is skipped, not re-sent).
+    Tags (dag_id, task_id) reach backends that support them; plain StatsD gets the names only.
+    """
+    stats = _stats()
+    tags = {"dag_id": dag_id, "task_id": task_id}
+    counts = {
+        "executed": result.executed_steps,
+        "skipped": result.skipped_steps,
+        "verified": result.verified_steps,
+        "held": len(result.held),
+    }
+    for name, count in counts.items():
+        stats.incr(f"{METRIC_PREFIX}.{name}", count=count, tags=tags)

@@ -1,0 +1,31 @@
+"""The "Resumable jobs" page in the Airflow UI: an Airflow plugin registered by this provider.
+
+Loaded by Airflow's plugins manager through the ``airflow.plugins`` entry point (what Airflow 3.3
+reads by default) and listed under ``plugins`` in the provider info (what it reads when
+``[core] lazy_discover_providers`` is off). Importing this module stays cheap: workers load plugins
+too, and the Airflow API security code is imported only when a request arrives.
+"""
+
+from __future__ import annotations
+
+from airflow.plugins_manager import AirflowPlugin
+
+from airflow_resumable.plugins.ui import URL_PREFIX, app
+
+# The UI shows the page in an iframe under /plugin/<url_route>; href is what the iframe loads.
+# Relative (no leading slash), so it resolves against Airflow's <base href> and follows [api] base_url.
+EXTERNAL_VIEW = {
+    "name": "Resumable jobs",
+    "href": URL_PREFIX.lstrip("/") + "/",
+    "url_route": "resumable-jobs",
+    "destination": "nav",
+    "nav_top_level": True,  # its own entry in the navigation bar, not under a "Plugins" menu
+}
+
+
+class ResumableJobsPlugin(AirflowPlugin):
+    """Jobs and held items of the step journal, read-only, behind Airflow's own authentication."""
+
+    name = "resumable_jobs"
+    fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Resumable jobs"}]
+    external_views = [EXTERNAL_VIEW]

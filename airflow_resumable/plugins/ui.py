@@ -1,0 +1,349 @@
+"""The FastAPI app behind the "Resumable jobs" page: jobs, held items, and a pre-filled Resolve form.
+
+Read-only. Every question goes through the journal's read API (no SQL here); resolutions are
+triggered runs of the ``resolve_held_item`` DAG, made by the user's browser through Airflow's own
+REST API and permissions. The journal is the one the operators use on this host
+(``[resumable] journal_path``), never a path from the request.
+
+Airflow does not authenticate plugin apps, so this one does, with Airflow's own machinery: the JWT
+of the request (``Authorization: Bearer`` or the ``_token`` cookie the Airflow UI sets for the
+browser, which also reaches this app in the UI's iframe) and the auth manager's DAG read permission.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Annotated, Any
+from urllib.parse import quote, urlencode
+
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.responses import HTMLResponse, JSONResponse
+from jinja2 import Environment, PackageLoader
+from markupsafe import Markup, escape
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from airflow_resumable._airflow import default_journal_path
+from airflow_resumable.journal import HeldReason, JobSummary, JournalError, StepJournal, StepRecord
+from airflow_resumable.runner import idempotency_key
+
+URL_PREFIX = "/resumable"
+RESOLVE_DAG_ID = "resolve_held_item"
+# The page stays small for a job with 50,000 held items; the JSON says how many were left out.
+MAX_OPEN_ROWS = 500
+MAX_RESOLUTIONS = 50
+MAX_ID_LENGTH = 1024
+# The two decisions that settle each kind of hold; the first is pre-selected because it is the one
+# that cannot cause a duplicate send (delivered needs the receiver's receipt; keep_previous sends nothing).
+DECISIONS = {
+    HeldReason.UNKNOWN_OUTCOME: ("delivered", "not_delivered"),
+    HeldReason.INPUT_CHANGED: ("keep_previous_input", "use_new_input"),
+}
+
+_templates = Environment(
+    loader=PackageLoader("airflow_resumable.plugins", "templates"),
+    autoescape=True,  # every value is escaped; nothing is marked safe
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+
+
+# --------------------------------------------------------------------------------- authentication
+
+
+@dataclass(frozen=True)
+class Viewer:
+    """Who is asking, and which jobs they may see."""
+
+    name: str
+    all_dags: bool
+    dag_ids: frozenset[str]
+
+    def may_see(self, job_id: str) -> bool:
+        # A default job_id starts with its DAG id; a custom one is shown to users who read all DAGs.
+        return self.all_dags or job_id.split("/", 1)[0] in self.dag_ids
+
+
+async def require_dag_read(request: Request) -> Viewer:
+    """Airflow's own authentication (JWT from header or cookie) and DAG read permission."""
+    # Imported here: workers import this module when they load plugins and need none of it.
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.api_fastapi.core_api.security import get_user
+    from fastapi.security import HTTPBearer
+
+    credentials = await HTTPBearer(auto_error=False)(request)
+    user = await get_user(request, _oauth_token=None, bearer_credentials=credentials)  # 401/403 itself
+    auth_manager = get_auth_manager()
+    all_dags = auth_manager.is_authorized_dag(method="GET", user=user, details=DagDetails())
+    dag_ids = frozenset() if all_dags else frozenset(auth_manager.get_authorized_dag_ids(user=user, method="GET"))
+    if not all_dags and not dag_ids:
+        raise HTTPException(status_code=403, detail="Forbidden: DAG read permission is required")
+    return Viewer(user.get_name(), all_dags, dag_ids)
+
+
+ViewerDep = Annotated[Viewer, Depends(require_dag_read)]
+
+app = FastAPI(
+    title="Resumable jobs", docs_url=None, redoc_url=None, openapi_url=None,
+    dependencies=[Depends(require_dag_read)],
+)
+
+
+@app.middleware("http")
+async def _security_headers(request: Request, call_next: Any) -> Any:
+    nonce = secrets.token_urlsafe(16)
+    request.state.csp_nonce = nonce
+    response = await call_next(request)
+    # Only the Airflow UI (same origin) may frame the page; scripts only with this response's nonce.
+    response.headers["Content-Security-Policy"] = (
+        f"default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; connect-src 'self'; "
+        "img-src 'self' data:; form-action 'self'; frame-ancestors 'self'; base-uri 'none'"
+    )
+    response.headers["X-Content-Type-Options"] = "nosniff"
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+# ----------------------------------------------------------------------------------- reading
+
+
+@contextmanager
+def _journal() -> Iterator[StepJournal | None]:
+    path = default_journal_path()
+    if not path.exists():  # nothing ran on this host yet: show an empty page, never create a file
+        yield None
+        return
+    try:
+        journal = StepJournal(path)
+    except JournalError as exc:
+        # The type only: journal messages name paths and are meant for the worker's log.
+        raise HTTPException(status_code=503, detail=f"the journal cannot be read ({type(exc).__name__})") from None
+    with journal:
+        yield journal
+
+
+def _status(job: JobSummary) -> str:
+    if job.pruned_at is not None:
+        return "pruned"
+    if job.held:
+        return "needs_review"
+    if job.unresolved or job.counts.get("FAILED", 0):
+        return "incomplete"
+    return "completed"
+
+
+def _job_dict(job: JobSummary) -> dict[str, Any]:
+    total = sum(job.counts.values())
+    return {
+        "job_id": job.job_id,
+        "status": _status(job),
+        "counts": dict(job.counts),
+        "steps_journaled": total,
+        "steps_succeeded": job.counts.get("SUCCEEDED", 0),
+        "items": job.items,
+        "held": job.held,
+        "unresolved": job.unresolved,
+        "created_at": job.created_at.isoformat(),
+        "updated_at": job.updated_at.isoformat(),
+        "pruned_at": job.pruned_at.isoformat() if job.pruned_at else None,
+    }
+
+
+def _row_dict(row: StepRecord) -> dict[str, Any]:
+    # No step output and no payload: the page shows state, never data. Error types only (no messages).
+    return {
+        "item_id": row.item_id,
+        "step": row.step,
+        "side_effect": row.side_effect,
+        "status": row.status.value,
+        "held_reason": row.held_reason.value if row.held_reason else None,
+        "attempts": row.attempts,
+        "error_type": row.error_type,
+        "receipt": row.receipt,
+        "updated_at": row.updated_at.isoformat(),
+    }
+
+
+def _check_id(value: str, what: str) -> str:
+    if not value or len(value) > MAX_ID_LENGTH:
+        raise HTTPException(status_code=404, detail=f"unknown {what}")
+    return value
+
+
+def _job_detail(journal: StepJournal | None, job_id: str, viewer: Viewer) -> dict[str, Any]:
+    _check_id(job_id, "job")
+    job = journal.job(job_id) if journal is not None and viewer.may_see(job_id) else None
+    if job is None:
+        raise HTTPException(status_code=404, detail="unknown job")
+    assert journal is not None
+    open_rows = journal.open_rows(job_id)
+    resolutions = journal.resolutions(job_id)
+    return {
+        "job": _job_dict(job),
+        "open_rows": [_row_dict(r) for r in open_rows[:MAX_OPEN_ROWS]],
+        "open_rows_total": len(open_rows),
+        "resolutions": [
+            {"item_id": r.item_id, "step": r.step, "decision": r.decision, "receipt": r.receipt,
+             "note": r.note, "resolved_by": r.resolved_by, "resolved_at": r.resolved_at.isoformat()}
+            for r in resolutions[-MAX_RESOLUTIONS:]
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------------- links
+
+
+def _prefix(request: Request) -> str:
+    """This app's URL path as the browser sees it (Airflow's base_url path + the mount prefix)."""
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+def _airflow_base(request: Request) -> str:
+    prefix = _prefix(request)
+    return prefix[: -len(URL_PREFIX)] if prefix.endswith(URL_PREFIX) else ""
+
+
+def job_path(job_id: str) -> str:
+    """The job page relative to this app; every character of the id is escaped (ids hold '/' and '+')."""
+    return f"/jobs/{quote(job_id, safe='')}"
+
+
+def resolve_path(job_id: str, item_id: str, step: str) -> str:
+    return "/resolve?" + urlencode({"job_id": job_id, "item_id": item_id, "step": step})
+
+
+def batch_task_path(job_id: str) -> str | None:
+    """The batch task instance in the Airflow UI, when the job uses the default job_id."""
+    parts = job_id.split("/")
+    if len(parts) == 4 and parts[3].isdigit():
+        dag_id, task_id, run_id, map_index = parts
+        return f"/dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}/mapped/{map_index}"
+    if len(parts) == 3:
+        dag_id, task_id, run_id = parts
+        return f"/dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}"
+    return None
+
+
+def _when(value: datetime | str | None) -> Markup:
+    """Date and time, each kept on one line (a narrow column wraps between them, not inside)."""
+    if value is None:
+        return Markup("")
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return Markup('<span><span class="nowrap">{}</span> <span class="nowrap">{}</span></span>').format(
+        value.strftime("%Y-%m-%d"), value.strftime("%H:%M:%S UTC"))
+
+
+def _breakable(value: str) -> Markup:
+    """Long job ids wrap after their slashes rather than mid-word (each part still escaped)."""
+    return Markup("/<wbr>").join(escape(part) for part in str(value).split("/"))
+
+
+_templates.filters["when"] = _when
+_templates.filters["breakable"] = _breakable
+_templates.globals.update(job_path=job_path, resolve_path=resolve_path, batch_task_path=batch_task_path)
+
+
+def _page(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
+    html = _templates.get_template(template).render(
+        prefix=_prefix(request), airflow=_airflow_base(request), nonce=request.state.csp_nonce,
+        journal_path=str(default_journal_path()), hostname=socket.gethostname(), **values,
+    )
+    return HTMLResponse(html, status_code=status_code)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
+    # Short, fixed messages only; JSON for the JSON endpoints and API clients, a page for browsers.
+    headers = getattr(exc, "headers", None)
+    if request.url.path.endswith(".json") or "text/html" not in request.headers.get("accept", ""):
+        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+    if not hasattr(request.state, "csp_nonce"):
+        request.state.csp_nonce = ""
+    return _page(request, "error.html", status_code=exc.status_code, message=str(exc.detail),
+                 login=_login_url(request) if exc.status_code == 401 else None)
+
+
+def _login_url(request: Request) -> str | None:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    try:  # the auth manager knows where its login page is (SimpleAuthManager, FAB, Keycloak, ...)
+        return str(get_auth_manager().get_url_login(next_url=str(request.url)))
+    except Exception:  # noqa: BLE001 - a missing link must not turn a 401 into a 500
+        return None
+
+
+# ------------------------------------------------------------------------------------ routes
+
+
+def _visible_jobs(journal: StepJournal | None, viewer: Viewer) -> list[JobSummary]:
+    return [j for j in (journal.jobs() if journal else []) if viewer.may_see(j.job_id)]
+
+
+def _held_rows(journal: StepJournal | None, jobs: list[JobSummary]) -> tuple[list[dict[str, Any]], int]:
+    rows: list[dict[str, Any]] = []
+    total = 0
+    for job in jobs:
+        if journal is None or not job.held:
+            continue
+        held = [r for r in journal.open_rows(job.job_id) if r.held_reason is not None]
+        total += len(held)
+        rows += [{"job_id": job.job_id, **_row_dict(r)} for r in held[: max(0, MAX_OPEN_ROWS - len(rows))]]
+    return rows, total
+
+
+@app.get("/jobs.json")
+def jobs_json(viewer: ViewerDep) -> dict[str, Any]:
+    with _journal() as journal:
+        jobs = _visible_jobs(journal, viewer)
+        held, held_total = _held_rows(journal, jobs)
+    return {
+        "journal_path": str(default_journal_path()), "hostname": socket.gethostname(),
+        "jobs": [_job_dict(j) for j in jobs], "held": held, "held_total": held_total,
+    }
+
+
+@app.get("/jobs/{job_id:path}.json")
+def job_json(job_id: str, viewer: ViewerDep) -> dict[str, Any]:
+    with _journal() as journal:
+        return _job_detail(journal, job_id, viewer)
+
+
+@app.get("/", response_class=HTMLResponse)
+def jobs_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
+    with _journal() as journal:
+        jobs = _visible_jobs(journal, viewer)
+        held, held_total = _held_rows(journal, jobs)
+        exists = journal is not None
+    return _page(request, "jobs.html", jobs=[_job_dict(j) for j in jobs], held=held, held_total=held_total,
+                 journal_exists=exists, viewer=viewer)
+
+
+@app.get("/jobs/{job_id:path}", response_class=HTMLResponse)
+def job_page(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
+    with _journal() as journal:
+        detail = _job_detail(journal, job_id, viewer)
+    return _page(request, "job.html", **detail, max_rows=MAX_OPEN_ROWS, viewer=viewer)
+
+
+@app.get("/resolve", response_class=HTMLResponse)
+def resolve_page(
+    request: Request, viewer: ViewerDep, job_id: str = "", item_id: str = "", step: str = "",
+) -> HTMLResponse:
+    # The query names a held step; it is looked up in the journal and only ever used as an identifier.
+    for value, what in ((job_id, "job"), (item_id, "item"), (step, "step")):
+        _check_id(value, what)
+    with _journal() as journal:
+        rows = journal.open_rows(job_id) if journal is not None and viewer.may_see(job_id) else []
+    row = next((r for r in rows if r.item_id == item_id and r.step == step and r.held_reason), None)
+    if row is None or row.held_reason is None:
+        raise HTTPException(status_code=404, detail="no such held step (it may be resolved already)")
+    return _page(
+        request, "resolve.html", job_id=job_id, row=_row_dict(row), decisions=DECISIONS[row.held_reason],
+        idempotency_key=idempotency_key(job_id, item_id, step), resolve_dag_id=RESOLVE_DAG_ID, viewer=viewer,
+    )

@@ -1,0 +1,185 @@
+"""Issue 6 end to end in a real browser: `airflow standalone` on 127.0.0.1 with this provider, the
+article's DAG against the demo receiver (item 41 accepted, reply lost), headless Chromium logs in,
+opens "Resumable jobs", follows "Resolve…" for item-041, triggers the resolve DAG, the batch task is
+cleared, and the page shows the job completed. Screenshots at 1280 and 390 px are kept as artifacts
+(RESUMABLE_TEST_ARTIFACTS, default test-artifacts/ in the repository)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from airflow_resumable.runner import idempotency_key
+from demo.__main__ import Receiver
+from tests import airflow_server
+from tests.airflow_harness import REPO, base_env, migrated_template
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
+ARTIFACTS = Path(os.environ.get("RESUMABLE_TEST_ARTIFACTS") or REPO / "test-artifacts")
+STEP = "notify_external"
+
+
+def api(url: str, token: str, method: str = "GET", body: dict | None = None) -> dict:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"{}")
+
+
+def wait_for(what: str, check, timeout: float, server) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except OSError:
+            value = None
+        if value:
+            return value
+        time.sleep(2)
+    raise AssertionError(f"timed out waiting for {what}:\n{server.tail()}")
+
+
+@pytest.fixture(scope="module")
+def airflow_up(tmp_path_factory):
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("no Chromium (apt-get install chromium); CI installs it")
+    tmp = tmp_path_factory.mktemp("browser")
+    home = migrated_template(tmp, [REPO / "dags" / "article_scenario.py", REPO / "dags" / "resolve_held_item.py"])
+    receiver = Receiver(tmp / "receiver.sqlite3")  # real HTTP on 127.0.0.1, dedupe off: duplicates count
+    port = airflow_server.free_port()
+    env = airflow_server.server_env(base_env(home), home, port)
+    env.update(
+        AIRFLOW__RESUMABLE__JOURNAL_PATH=str(tmp / "worker" / "journal.sqlite3"),
+        AIRFLOW_CONN_DEMO_RECEIVER=json.dumps({"conn_type": "http", "host": receiver.url}),
+        # Other Airflows may run on this machine: no fixed ports.
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(airflow_server.free_port()),
+        AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT=str(airflow_server.free_port()),
+        AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL="5",
+        AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL="5",
+    )
+    server = None
+    try:
+        server = airflow_server.start(["standalone"], env, f"http://127.0.0.1:{port}", tmp / "standalone.log",
+                                      timeout=300)
+        server.receiver = receiver
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        receiver.stop()
+
+
+def shoot(page, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_resolve_item_41_from_the_resumable_jobs_page(airflow_up):
+    from playwright.sync_api import expect, sync_playwright
+
+    server, receiver = airflow_up, airflow_up.receiver
+    url = server.url
+    admin = airflow_server.token(url, "admin")
+    wait_for("the article DAG to be parsed", lambda: api(url + "/api/v2/dags/article_resumable", admin), 240, server)
+    wait_for("the resolve DAG to be parsed", lambda: api(url + "/api/v2/dags/resolve_held_item", admin), 240, server)
+
+    # The article's run: item 41 is accepted by the receiver but the reply is lost (try 1 fails);
+    # try 2 resumes, cannot verify (this DAG has no verify), holds item 41, sends 42-50, fails.
+    assert receiver.call("/faults", {"item_id": "item-041", "mode": "after_accept"})[0] == 200
+    api(url + "/api/v2/dags/article_resumable", admin, "PATCH", {"is_paused": False})
+    run_id = api(url + "/api/v2/dags/article_resumable/dagRuns", admin, "POST", {"logical_date": None})["dag_run_id"]
+    run_url = f"{url}/api/v2/dags/article_resumable/dagRuns/{urllib.request.quote(run_id, safe='')}"
+    wait_for("the batch run to end held", lambda: api(run_url, admin)["state"] == "failed", 300, server)
+    job_id = f"article_resumable/send/{run_id}"
+    links = api(f"{run_url}/taskInstances/send/links", admin)["extra_links"]
+    assert links["Resumable job"].endswith("/resumable/jobs/" + urllib.request.quote(job_id, safe=""))
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(url + "/")
+            page.locator("input[name=username]").fill("admin")
+            page.locator("input[name=password]").fill(airflow_server.USERS["admin"])
+            page.locator("button[type=submit]").click()
+            page.get_by_role("link", name="Resumable jobs").first.click()
+            frame = page.frame_locator('iframe[title="Resumable jobs"]')
+            row = frame.locator("table.held tr", has_text="item-041")
+            expect(row).to_contain_text("unknown outcome", timeout=60_000)
+            expect(row).to_contain_text(job_id)
+            shoot(page, "jobs-in-airflow-1280")
+            page.set_viewport_size({"width": 390, "height": 844})
+            shoot(page, "jobs-in-airflow-390")
+            page.set_viewport_size({"width": 1280, "height": 900})
+
+            # The receiver has item 41 (accepted, reply lost): its receipt is the evidence.
+            status, found = receiver.call("/notifications/" + idempotency_key(job_id, "item-041", STEP))
+            assert status == 200, found
+            row.get_by_role("link", name="Resolve…").click()
+            expect(frame.locator("#job_id")).to_have_value(job_id)
+            expect(frame.locator("#item_id")).to_have_value("item-041")
+            expect(frame.locator("#step")).to_have_value(STEP)
+            expect(frame.locator("#decision")).to_have_value("delivered")
+            expect(frame.locator("#unpause-field")).to_be_visible()  # the resolve DAG is paused at creation
+            frame.locator("#receipt").fill(found["receipt"])
+            frame.locator("#note").fill("receiver has it (accepted, reply lost)")
+            shoot(page, "resolve-in-airflow-1280")
+            page.set_viewport_size({"width": 390, "height": 844})
+            shoot(page, "resolve-in-airflow-390")
+            page.set_viewport_size({"width": 1280, "height": 900})
+            frame.locator("#trigger").click()
+            expect(frame.locator("#run-state")).to_have_text("Run state: success", timeout=240_000)
+            expect(frame.locator("#outcome")).to_contain_text("Resolved")
+            # "open the batch task" shows Airflow's own task page in the top window, not nested in the frame.
+            frame.locator("#outcome").get_by_role("link", name="open the batch task").click()
+            expect(page).to_have_url(re.compile("^" + re.escape(f"{url}/dags/article_resumable/runs/") + ".*/tasks/send$"))
+            expect(page.locator('iframe[title="Resumable jobs"]')).to_have_count(0)
+            expect(page.get_by_text("ResumableBatchOperator")).to_be_visible(timeout=60_000)
+            shoot(page, "batch-task-in-airflow-1280")
+        finally:
+            browser.close()
+
+    # The on-call engineer clears the batch task (Airflow's REST API, as the UI's Clear does).
+    api(url + "/api/v2/dags/article_resumable/clearTaskInstances", admin, "POST",
+        {"dry_run": False, "task_ids": ["send"], "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True})
+    wait_for("the cleared batch to succeed", lambda: api(run_url, admin)["state"] == "success", 300, server)
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.add_cookies([{"name": "_token", "value": admin, "url": url}])
+            page = context.new_page()
+            page.goto(url + "/resumable/")
+            job = page.locator("#jobs tr", has_text=job_id)
+            expect(job).to_contain_text("completed")
+            expect(page.locator("body")).to_contain_text("Nothing is held for a human.")
+            shoot(page, "jobs-1280")
+            page.set_viewport_size({"width": 390, "height": 844})
+            shoot(page, "jobs-390")
+            page.set_viewport_size({"width": 1280, "height": 900})
+            job.get_by_role("link").first.click()
+            expect(page.locator("#job-status")).to_have_text("completed")
+            expect(page.locator("body")).to_contain_text("delivered")  # the resolution, in the audit table
+            shoot(page, "job-1280")
+            page.set_viewport_size({"width": 390, "height": 844})
+            shoot(page, "job-390")
+        finally:
+            browser.close()
+
+    stats = receiver.call("/stats")[1]
+    assert stats["duplicates"] == 0 and stats["items"] == 50, stats
+    xcom = f"{run_url}/taskInstances/send/xcomEntries/resumable_summary?deserialize=true&stringify=false"
+    summary = api(xcom, admin)["value"]
+    summary = json.loads(summary) if isinstance(summary, str) else summary
+    assert (summary["status"], summary["executed_steps"]) == ("completed", 0)
