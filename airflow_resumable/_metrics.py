@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from airflow_resumable.runner import BatchResult
+from airflow_resumable.runner import BatchProgress, BatchResult
 
 METRIC_PREFIX = "resumable.steps"
 
@@ -20,8 +20,10 @@ def _stats() -> Any:
     return stats
 
 
-def emit_batch_metrics(result: BatchResult, *, dag_id: str, task_id: str) -> None:
+def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task_id: str) -> None:
     """``resumable.steps.{executed,skipped,verified,held}`` counters for one run of a batch.
+
+    Given a :class:`BatchProgress` (a try that failed part way), it reports how far the try got.
 
     ``skipped`` includes ``verified`` (a send confirmed by the receiver is skipped, not re-sent).
     Tags (dag_id, task_id) reach backends that support them; plain StatsD gets the names only.
@@ -32,7 +34,7 @@ def emit_batch_metrics(result: BatchResult, *, dag_id: str, task_id: str) -> Non
         "executed": result.executed_steps,
         "skipped": result.skipped_steps,
         "verified": result.verified_steps,
-        "held": len(result.held),
+        "held": result.held if isinstance(result, BatchProgress) else len(result.held),
     }
     for name, count in counts.items():
         stats.incr(f"{METRIC_PREFIX}.{name}", count=count, tags=tags)

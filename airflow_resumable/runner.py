@@ -131,6 +131,7 @@ class BatchProgress:
     skipped_steps: int
     held: int
     elapsed: float
+    verified_steps: int = 0
 
 
 @dataclass
@@ -571,7 +572,7 @@ def run_batch(
 
     def progress() -> BatchProgress:
         return BatchProgress(result.items_total, items_total, result.executed_steps, result.skipped_steps,
-                             len(result.held), time.monotonic() - started)
+                             len(result.held), time.monotonic() - started, result.verified_steps)
 
     with journal.open_job(job_id, runner=runner) as run:
         batch = _Batch(run, checked_steps, result)
@@ -596,6 +597,12 @@ def run_batch(
             driver.finish()
         except BaseException:
             driver.abort()
+            if on_progress is not None:
+                # How far this run got, for the task log and metrics; the original error still wins.
+                try:
+                    on_progress(progress())
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("on_progress raised %s while the batch was failing", type(exc).__name__)
             raise
     result.elapsed = time.monotonic() - started
     result.status = "needs_review" if result.held else "completed"

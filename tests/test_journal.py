@@ -800,3 +800,27 @@ def test_keep_previous_input_keeps_an_unknown_outcome_hold(path):
         assert again.held == [HeldStep(JOB, "x", "notify", HeldReason.UNKNOWN_OUTCOME)]
         assert (again.executed_steps, again.skipped_steps) == (0, 2)
         assert receiver.deliveries == []
+
+
+def test_progress_is_reported_at_the_end_and_when_a_step_fails(tmp_path):
+    reports = []
+
+    def notify(item, ctx):
+        if item["id"] == 3:
+            raise TimeoutError("the receiver did not answer")
+        return f"r{item['id']}"
+
+    steps = [Step("validate", lambda item, ctx: None), Step("notify", notify, side_effect=True)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        try:
+            run_batch(journal, "progress/job", [{"id": i} for i in range(1, 6)], steps, on_progress=reports.append,
+                      progress_interval=3600)
+        except TimeoutError:
+            pass
+        else:
+            raise AssertionError("the send's error must propagate")
+        # Items 1 and 2 done, item 3's local step ran, its send failed: how far this run got.
+        assert [(p.executed_steps, p.skipped_steps, p.held) for p in reports] == [(5, 0, 0)]
+        run_batch(journal, "progress/job", [{"id": i} for i in (1, 2, 4, 5)], steps, on_progress=reports.append,
+                  progress_interval=3600)
+    assert [(p.items_done, p.items_total, p.executed_steps, p.skipped_steps) for p in reports[1:]] == [(4, 4, 4, 4)]

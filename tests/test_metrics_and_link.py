@@ -71,9 +71,10 @@ def test_held_batch_reports_its_counters_to_statsd(airflow, statsd):
     arm(airflow, "item-041", "before_accept")
     assert airflow.dags_test("article_hold").returncode != 0  # try 2 ends failed: item 41 is held
     counters = statsd.counters("airflow.resumable.steps.")
-    # Try 1 dies at item 41 (a failed step fails the task before the batch ends: no counters);
-    # try 2 resumes: items 42-50 run (27 steps), 122 are skipped, item 41 is held.
-    assert counters == {"executed": [27], "skipped": [122], "verified": [0], "held": [1]}, output(airflow)
+    # Try 1 dies at item 41's send: it executed items 1-40 and item 41's two local steps.
+    # Try 2 resumes: items 42-50 run (27 steps), 122 are skipped, item 41 is held.
+    assert counters == {"executed": [122, 27], "skipped": [0, 122], "verified": [0, 0], "held": [0, 1]}, \
+        output(airflow)
 
 
 def test_verified_send_is_counted_and_the_extra_link_names_the_job(airflow, statsd):
@@ -81,7 +82,8 @@ def test_verified_send_is_counted_and_the_extra_link_names_the_job(airflow, stat
     arm(airflow, "item-041", "after_accept")
     assert airflow.dags_test("article_verify").returncode == 0, output(airflow)
     counters = statsd.counters("airflow.resumable.steps.")
-    assert counters == {"executed": [27], "skipped": [123], "verified": [1], "held": [0]}, output(airflow)
+    assert counters == {"executed": [122, 27], "skipped": [0, 123], "verified": [0, 1], "held": [0, 0]}, \
+        output(airflow)
 
     run_id = airflow.last_run_id("article_verify")
     job_id = airflow.xcom("article_verify", "send", key="resumable_summary")["job_id"]

@@ -101,3 +101,4 @@ def test_a_send_costs_one_commit_and_its_receipt_one_log_line(tmp_path):
     # One durable commit per send (its IN_FLIGHT mark, carrying the previous receipt), plus the close.
     assert commits.count(True) == 50 and len(commits) <= 52, commits
     assert journal.fsync_count == 50
+

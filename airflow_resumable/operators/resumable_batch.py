@@ -190,11 +190,20 @@ class ResumableBatchOperator(BaseOperator):
         with self._open_journal() as journal:
             self._guard_worker(context, journal, job_id, hostname)
             self.log.info("Resumable job %s: journal %s on %s", job_id, journal.path, hostname)
-            result = run_batch(
-                journal, job_id, self._iter_items(context), self.steps, id_field=self.id_field,
-                concurrency=self.concurrency, on_progress=self._log_progress, progress_interval=self.progress_interval,
-                runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
-            )
+            self._last_progress: BatchProgress | None = None
+            try:
+                result = run_batch(
+                    journal, job_id, self._iter_items(context), self.steps, id_field=self.id_field,
+                    concurrency=self.concurrency, on_progress=self._log_progress,
+                    progress_interval=self.progress_interval,
+                    runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
+                )
+            except BaseException:
+                # A step failed: this try's counters still count (the runner reported how far it got).
+                if self._last_progress is not None:
+                    emit_batch_metrics(self._last_progress, dag_id=context["ti"].dag_id,
+                                       task_id=context["ti"].task_id)
+                raise
             summary = _summary(result, journal, hostname)
         context["ti"].xcom_push(key=SUMMARY_XCOM_KEY, value=summary)
         self._report(result)
@@ -243,6 +252,7 @@ class ResumableBatchOperator(BaseOperator):
                 store.set(STATE_STORE_KEY, here, retention=NEVER_EXPIRE)
 
     def _log_progress(self, progress: BatchProgress) -> None:
+        self._last_progress = progress
         total = f"/{progress.items_total}" if progress.items_total is not None else ""
         rate = progress.items_done / progress.elapsed if progress.elapsed > 0 else 0.0
         self.log.info(
