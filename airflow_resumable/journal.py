@@ -92,6 +92,8 @@ class JournalError(Exception):
 class JobBusyError(JournalError):
     """Another runner holds this job right now; nothing was sent."""
 
+    holder = "holder unknown"  # who holds the job: pid, host, since when, which runner
+
 
 class JobPrunedError(JournalError):
     """The job's history was pruned; running it again under the same job_id would re-send all."""
@@ -723,7 +725,7 @@ class StepJournal:
             )
         if receipt is not None and not isinstance(receipt, str):
             raise ResolutionError("receipt must be a string")
-        with self._write(durable=True) as conn:
+        with self._quiet_job(job_id), self._write(durable=True) as conn:
             found = conn.execute(
                 "SELECT side_effect, status, held_reason FROM steps WHERE job_id = ? AND item_id = ? AND step = ?",
                 (job_id, item_id, step),
@@ -768,7 +770,7 @@ class StepJournal:
         self._check_person(resolved_by, note)
         if not isinstance(use_new_input, bool):
             raise ResolutionError("use_new_input must be True or False")
-        with self._write(durable=True) as conn:
+        with self._quiet_job(job_id), self._write(durable=True) as conn:
             found = conn.execute(
                 """SELECT step, status, new_digest FROM steps
                    WHERE job_id = ? AND item_id = ? AND held_reason = 'input_changed'""",
@@ -792,6 +794,27 @@ class StepJournal:
                 conn, job_id, item_id, step, "use_new_input" if use_new_input else "keep_previous_input",
                 None, note, resolved_by, now, status, HeldReason.INPUT_CHANGED.value,
             )
+
+    @contextlib.contextmanager
+    def _quiet_job(self, job_id: str) -> Iterator[None]:
+        """Hold the job's lock while resolving: never settle a row its running job is still writing.
+
+        (A send resolved "not delivered" while it is in flight would lose its receipt to the delete.)
+        """
+        try:
+            lock = _JobLock(self._lock_path(job_id), job_id, self.path, runner="resolution")
+        except JobBusyError as exc:
+            busy = JobBusyError(
+                f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
+                "its held items after the run ends."
+            )
+            busy.holder = exc.holder
+            raise busy from None
+        try:
+            self._fold_receipt_log(self._receipt_log_path(job_id))
+            yield
+        finally:
+            lock.release()
 
     def _no_such_row(self, conn: sqlite3.Connection, job_id: str, item_id: str, step: str | None) -> NotHeldError:
         if conn.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is None:
@@ -888,11 +911,13 @@ class _JobLock:
             except BlockingIOError:
                 holder = self._holder()
                 os.close(self._fd)
-                raise JobBusyError(
+                busy = JobBusyError(
                     f"job {job_id!r} is already running ({holder}, journal {journal_path}). "
                     "Nothing was sent. Wait for that run to finish or stop it; two runs of one job "
                     "would send items twice."
-                ) from None
+                )
+                busy.holder = holder
+                raise busy from None
             except BaseException:
                 os.close(self._fd)
                 raise

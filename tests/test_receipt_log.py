@@ -13,7 +13,7 @@ import sqlite3
 import stat
 import time
 
-from airflow_resumable.journal import Status, StepJournal
+from airflow_resumable.journal import JobBusyError, Status, StepJournal
 from airflow_resumable.runner import Step, run_batch
 
 JOB = "receipts/job"
@@ -102,3 +102,23 @@ def test_a_send_costs_one_commit_and_its_receipt_one_log_line(tmp_path):
     assert commits.count(True) == 50 and len(commits) <= 52, commits
     assert journal.fsync_count == 50
 
+
+
+def test_a_running_job_cannot_be_resolved(tmp_path):
+    path = tmp_path / "journal.sqlite3"
+    with StepJournal(path) as journal, journal.open_job(JOB) as run:
+        run.mark_in_flight("a", "notify", "d")
+        run.flush(durable=True)
+        before = [(r.status, r.receipt) for r in journal.rows(JOB)]
+        with StepJournal(path) as other:
+            try:
+                other.resolve(JOB, "a", "notify", delivered=False, resolved_by="oncall")
+            except JobBusyError as exc:
+                assert "running right now" in str(exc) and "nothing was changed" in str(exc)
+            else:
+                raise AssertionError("resolving a running job's in-flight send must be refused")
+            assert [(r.status, r.receipt) for r in other.rows(JOB)] == before
+            assert other.resolutions(JOB) == []
+    with StepJournal(path) as journal:  # once the run is over, it can be resolved
+        journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="oncall")
+        assert journal.rows(JOB) == []
