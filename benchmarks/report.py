@@ -26,6 +26,7 @@ class Row:
     limit: float
     shown: str  # how the value is printed
     note: str = ""  # why there is no value (skipped, not available)
+    unit: str = ""  # of the limit, when the value is not a ratio
 
     @property
     def result(self) -> str:
@@ -35,7 +36,9 @@ class Row:
 
     @property
     def target(self) -> str:
-        return f"{self.op} {self.limit:g}" if self.op != "==" else "identical"
+        if self.op == "==":
+            return "identical" if self.figure.startswith("article") else f"= {self.limit:g}"
+        return f"{self.op} {self.limit:g}{self.unit}"
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self) | {"result": self.result, "target": self.target}
@@ -86,9 +89,9 @@ def rows(sections: dict[str, Any]) -> list[Row]:
     m = sections.get("memory")
     if m and "peak_growth_mb" in m:
         out.append(Row(f"peak RSS growth, {m['items']:,} streamed items", f"{m['peak_growth_mb']:.1f} MB", "",
-                       m["peak_growth_mb"], "<=", 100, f"{m['peak_growth_mb']:.1f} MB"))
+                       m["peak_growth_mb"], "<=", 100, f"{m['peak_growth_mb']:.1f} MB", unit=" MB"))
     else:
-        out.append(_missing("peak RSS growth, streamed items", "<=", 100, m))
+        out.append(_missing("peak RSS growth, streamed items", "<=", 100, m, unit=" MB"))
     p = sections.get("peer")
     if p and "ratio" in p:
         out.append(Row(f"cost per step, ours FULL vs DBOS {p['dbos_version']} SQLite (N={p['n']:,}, {p['dbos_shape_used']})",
@@ -112,12 +115,12 @@ def rows(sections: dict[str, Any]) -> list[Row]:
     return out
 
 
-def _missing(figure: str, op: str, limit: float, section: dict[str, Any] | None) -> Row:
+def _missing(figure: str, op: str, limit: float, section: dict[str, Any] | None, unit: str = "") -> Row:
     if section is None:
         note = "not run"
     else:
         note = section.get("skipped") or section.get("error") or "not measured"
-    return Row(figure, "—", "", None, op, limit, "—", note)
+    return Row(figure, "—", "", None, op, limit, "—", note, unit)
 
 
 # ------------------------------------------------------------------------------------ printing
@@ -133,6 +136,7 @@ def article_table(article: dict[str, Any]) -> str:
     for mode, m in article["modes"].items():
         c = m["counts"]
         width = 34
+        rerun_ms = f"{m['rerun_ms_mean']:.1f} ms"
         lines += [
             f"  fault {mode.replace('_', ' ')}",
             f"    {'':{width}}{'re-run everything':<22}journal resume (ours)",
@@ -142,7 +146,7 @@ def article_table(article: dict[str, Any]) -> str:
             f"    {'duplicate sends':{width}}{c['rerun_duplicates']:<22}{c['duplicates']}",
             f"    {'item 41':{width}}{'re-sent blindly':<22}held in run 2 ({m['run2_held'][0] if m['run2_held'] else '-'}), "
             f"resolved {m['resolution']}",
-            f"    {'time (mean of trials)':{width}}{m['rerun_ms_mean']:<22.1f}{m['resumed_ms_mean']:.1f} ms "
+            f"    {'time (mean of trials)':{width}}{rerun_ms:<22}{m['resumed_ms_mean']:.1f} ms "
             f"(median {m['resumed_ms_median']:.1f}; floor {m['floor_ms']:.1f} ms)",
         ]
         if "normal" in m:
@@ -163,7 +167,7 @@ def text_table(all_rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def markdown(all_rows: list[Row], meta: dict[str, Any]) -> str:
+def markdown(all_rows: list[Row], meta: dict[str, Any], article: dict[str, Any] | None = None) -> str:
     lines = [
         f"Measured {meta['date']} on {meta['machine']}, {meta['nproc']} cores, Python {meta['python']}, "
         f"SQLite {meta['sqlite']} by `{meta['command']}`.",
@@ -173,8 +177,37 @@ def markdown(all_rows: list[Row], meta: dict[str, Any]) -> str:
     ]
     for row in all_rows:
         value = row.note if row.value is None else row.shown
-        lines.append(f"| {row.figure} | {row.ours} | {row.other or '—'} | {value} | {row.target} | {row.result} |")
+        target = row.target.replace("<=", "≤").replace(">=", "≥")
+        lines.append(f"| {row.figure} | {row.ours} | {row.other or '—'} | {value} | {target} | {row.result} |")
+    if article and "modes" in article:
+        lines += ["", article_markdown(article)]
     return "\n".join(lines)
+
+
+_OUTCOME = {"not_delivered": "no receipt, sent once in run 3", "delivered": "receipt found, marked done, not sent"}
+
+
+def article_markdown(article: dict[str, Any]) -> str:
+    """The article's comparison table (SPEC §0) with this run's numbers."""
+    before, after = article["modes"]["before_accept"], article["modes"]["after_accept"]
+    b, a = before["counts"], after["counts"]
+    return "\n".join([
+        f"The article's experiment ({article['trials']} trials per fault mode; ours at "
+        f"`durability=\"{article['durability']}\"`; before / after accept):",
+        "",
+        "| | re-run everything | journal resume (ours) |",
+        "|---|---|---|",
+        f"| steps executed on re-run | {b['rerun_executed']} / {a['rerun_executed']} | run 2: {b['run2_executed']} / "
+        f"{a['run2_executed']}; run 3 after resolution: {b['run3_executed']} / {a['run3_executed']} |",
+        f"| steps skipped | {b['rerun_skipped']} / {a['rerun_skipped']} "
+        f"| run 2: {b['run2_skipped']} / {a['run2_skipped']} |",
+        f"| duplicate sends | {b['rerun_duplicates']} / {a['rerun_duplicates']} | {b['duplicates']} / {a['duplicates']} |",
+        f"| item 41 | re-sent blindly | held in run 2; look-up by idempotency key: "
+        f"{_OUTCOME[before['resolution']]} / {_OUTCOME[after['resolution']]} |",
+        f"| time, mean | {before['rerun_ms_mean']:.1f} ms / {after['rerun_ms_mean']:.1f} ms | runs 2+3: "
+        f"{before['resumed_ms_mean']:.1f} ms / {after['resumed_ms_mean']:.1f} ms (wait floor {before['floor_ms']:.0f} / "
+        f"{after['floor_ms']:.0f} ms) |",
+    ])
 
 
 def update_readme(readme: Path, table: str) -> None:
