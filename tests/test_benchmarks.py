@@ -97,3 +97,13 @@ def test_the_concurrency_section_runs_at_concurrency_1_against_real_http():
 def test_readme_has_the_markers_the_benchmark_fills():
     text = (REPO / "README.md").read_text()
     assert text.index(report.START) < text.index(report.END)
+
+
+def test_the_peer_is_skipped_with_a_clear_message_without_dbos(monkeypatch):
+    from benchmarks import peer_dbos
+
+    monkeypatch.setattr(peer_dbos, "dbos_version", lambda: None)
+    skipped = peer_dbos.measure(10)
+    assert "dbos is not installed" in skipped["skipped"]
+    row = next(r for r in report.rows({"peer": skipped}) if "DBOS" in r.figure)
+    assert row.result == "SKIP" and "dbos is not installed" in row.note
