@@ -19,28 +19,15 @@ from benchmarks import workload
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
 
 
-def _ours_first_and_resumes(path: Path, n: int, durability: Durability, resumes: int) -> tuple[float, list[float], int]:
-    with StepJournal(path, durability=durability) as journal:
-        first = workload.timed(lambda: _check(run_batch(journal, "bench", workload.items(n), workload.steps()), n, 0))
-        fsyncs = journal.fsync_count
-        again = [
-            workload.timed(lambda: _check(run_batch(journal, "bench", workload.items(n), workload.steps()), 0, n))
-            for _ in range(resumes)
-        ]
-    return first, again, fsyncs
+def _ours(journal: StepJournal, n: int, executed_items: int) -> float:
+    return workload.timed(
+        lambda: _check(run_batch(journal, "bench", workload.items(n), workload.steps()), executed_items, n - executed_items))
 
 
-def _baseline_first_and_resumes(path: Path, n: int, durability: Durability, resumes: int) -> tuple[float, list[float], int]:
-    with ArticleStyleJournal(path, durability=durability) as journal:
-        first = workload.timed(
-            lambda: _check(run_article_style(journal, "bench", workload.items(n), workload.steps()), n, 0))
-        commits = journal.commits
-        again = [
-            workload.timed(
-                lambda: _check(run_article_style(journal, "bench", workload.items(n), workload.steps()), 0, n))
-            for _ in range(resumes)
-        ]
-    return first, again, commits
+def _baseline(journal: ArticleStyleJournal, n: int, executed_items: int) -> float:
+    return workload.timed(
+        lambda: _check(run_article_style(journal, "bench", workload.items(n), workload.steps()),
+                       executed_items, n - executed_items))
 
 
 def _check(result: Any, executed_items: int, skipped_items: int) -> None:
@@ -56,24 +43,23 @@ def measure_overhead(n: int, durability: Durability, reps: int, resumes: int) ->
     Cost = (run time - bare loop time) / n on both sides; the bare loop (same items, same step
     functions, no journal) is the median of a few runs. Each of ``reps`` repetitions uses fresh
     journal files, ours and the baseline's alternating, and the medians are compared. ``resumes``
-    re-runs of the finished job (the first repetition's) give the resume cost.
+    re-runs of the finished job (the first repetition's), again alternating, give the resume cost.
     """
     bare = workload.median_of(3, lambda: workload.bare_seconds(n))
     ours_first: list[float] = []
     base_first: list[float] = []
     ours_resume: list[float] = []
     base_resume: list[float] = []
-    fsyncs = commits = 0
     for rep in range(reps):
-        with tempfile.TemporaryDirectory() as tmp:
-            first, again, fsyncs = _ours_first_and_resumes(Path(tmp) / "ours.sqlite3", n, durability,
-                                                          resumes if rep == 0 else 0)
-            ours_first.append(first)
-            ours_resume += again
-            first, again, commits = _baseline_first_and_resumes(Path(tmp) / "article.sqlite3", n, durability,
-                                                               resumes if rep == 0 else 0)
-            base_first.append(first)
-            base_resume += again
+        with tempfile.TemporaryDirectory() as tmp, \
+                StepJournal(Path(tmp) / "ours.sqlite3", durability=durability) as ours, \
+                ArticleStyleJournal(Path(tmp) / "article.sqlite3", durability=durability) as baseline:
+            ours_first.append(_ours(ours, n, n))
+            base_first.append(_baseline(baseline, n, n))
+            fsyncs, commits = ours.fsync_count, baseline.commits
+            for _ in range(resumes if rep == 0 else 0):  # alternating, so a noisy moment hits both sides
+                ours_resume.append(_ours(ours, n, 0))
+                base_resume.append(_baseline(baseline, n, 0))
 
     def per_item_us(seconds: list[float], subtract: float) -> float:
         return (statistics.median(seconds) - subtract) / n * 1e6
