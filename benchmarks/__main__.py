@@ -32,9 +32,9 @@ SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "co
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "full": {
         "article": {"trials": 5},
-        # Baseline FULL makes 6 fsync'd commits per item: 5,000 items x 3 repetitions is plenty.
-        "overhead_normal": {"n": 100_000, "reps": 1, "resumes": 3},
-        "overhead_full": {"n": 5_000, "reps": 3, "resumes": 0},
+        # Baseline FULL makes 6 fsync'd commits per item: 5,000 items x 2 repetitions is plenty.
+        "overhead_normal": {"n": 100_000, "reps": 1, "resumes": 2},
+        "overhead_full": {"n": 5_000, "reps": 2, "resumes": 0},
         "memory": {"n": 1_000_000},
         "peer": {"n": 200, "reps": 3},  # DBOS takes milliseconds per step
         "concurrency": {"n": 10_000, "serial_n": 2_000},
