@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.quick or args.only or args.no_readme):
         report.update_readme(REPO / "README.md", report.markdown(rows, meta, sections.get("article")))
         print("README.md: Performance table updated")
-    return 0
+    # A FAIL is a finding, not a crash; a section that could not run at all is.
+    return 1 if any("error" in result for result in sections.values()) else 0
 
 
 if __name__ == "__main__":
