@@ -1,35 +1,92 @@
-"""Core figures: journal overhead per item, resume cost per item, memory for 1,000,000 streamed items.
+"""Journal cost per item (ours vs the article-style baseline), resume cost, memory for streamed items.
 
-Run: ``python -m benchmarks.core [--n 100000] [--memory-items 1000000]``. Each figure is measured
-in its own child process so peak-RSS numbers are not polluted by earlier work.
+Each function here runs inside its own child process (see ``benchmarks.__main__``), so peak RSS and
+SQLite's page cache of one figure do not pollute the next.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import resource
-import subprocess
-import sys
+import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-from airflow_resumable.journal import StepJournal
-from airflow_resumable.runner import Step, run_batch
-
-
-def _steps() -> list[Step]:
-    return [
-        Step("validate", lambda item, ctx: None),
-        Step("transform", lambda item, ctx: None),
-        Step("notify", lambda item, ctx: "r", side_effect=True),
-    ]
+from airflow_resumable.journal import Durability, StepJournal
+from airflow_resumable.runner import run_batch
+from benchmarks import workload
+from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
 
 
-def _items(n: int):
-    for i in range(n):
-        yield {"id": i, "payload": "x" * 32}
+def _ours(journal: StepJournal, n: int, executed_items: int) -> float:
+    return workload.timed(
+        lambda: _check(run_batch(journal, "bench", workload.items(n), workload.steps()), executed_items, n - executed_items))
+
+
+def _baseline(journal: ArticleStyleJournal, n: int, executed_items: int) -> float:
+    return workload.timed(
+        lambda: _check(run_article_style(journal, "bench", workload.items(n), workload.steps()),
+                       executed_items, n - executed_items))
+
+
+def _check(result: Any, executed_items: int, skipped_items: int) -> None:
+    # A benchmark that silently did less work would report a flattering figure.
+    steps = len(workload.STEP_NAMES)
+    if result.executed_steps != steps * executed_items or result.skipped_steps != steps * skipped_items:
+        raise AssertionError(f"unexpected work: {result.executed_steps} executed, {result.skipped_steps} skipped")
+
+
+def measure_overhead(n: int, durability: Durability, reps: int, resumes: int) -> dict[str, Any]:
+    """Journal cost per item of a first run, ours and baseline, at one durability.
+
+    Cost = (run time - bare loop time) / n on both sides; the bare loop (same items, same step
+    functions, no journal) is the median of a few runs. Each of ``reps`` repetitions uses fresh
+    journal files, ours and the baseline's alternating, and the medians are compared. ``resumes``
+    re-runs of the finished job (the first repetition's), again alternating, give the resume cost.
+    """
+    bare = workload.median_of(3, lambda: workload.bare_seconds(n))
+    ours_first: list[float] = []
+    base_first: list[float] = []
+    ours_resume: list[float] = []
+    base_resume: list[float] = []
+    for rep in range(reps):
+        with tempfile.TemporaryDirectory() as tmp, \
+                StepJournal(Path(tmp) / "ours.sqlite3", durability=durability) as ours, \
+                ArticleStyleJournal(Path(tmp) / "article.sqlite3", durability=durability) as baseline:
+            ours_first.append(_ours(ours, n, n))
+            base_first.append(_baseline(baseline, n, n))
+            fsyncs, commits = ours.fsync_count, baseline.commits
+            for _ in range(resumes if rep == 0 else 0):  # alternating, so a noisy moment hits both sides
+                ours_resume.append(_ours(ours, n, 0))
+                base_resume.append(_baseline(baseline, n, 0))
+
+    def per_item_us(seconds: list[float], subtract: float) -> float:
+        return (statistics.median(seconds) - subtract) / n * 1e6
+
+    ours_us = per_item_us(ours_first, bare)
+    base_us = per_item_us(base_first, bare)
+    figures: dict[str, Any] = {
+        "n": n,
+        "durability": durability,
+        "reps": reps,
+        "bare_us_per_item": bare / n * 1e6,
+        "ours_us_per_item": ours_us,
+        "baseline_us_per_item": base_us,
+        "baseline_us_per_step": base_us / len(workload.STEP_NAMES),
+        "ratio": ours_us / base_us,
+        "ours_fsyncs_per_item": fsyncs / n,
+        "baseline_commits_per_item": commits / n,
+    }
+    if resumes:
+        # A resume executes no step, so nothing is subtracted: both sides walk the same generator.
+        figures |= {
+            "resumes": resumes,
+            "ours_resume_us_per_item": per_item_us(ours_resume, 0.0),
+            "baseline_resume_us_per_item": per_item_us(base_resume, 0.0),
+        }
+        figures["resume_ratio"] = figures["ours_resume_us_per_item"] / figures["baseline_resume_us_per_item"]
+    return figures
 
 
 def _rss_kib() -> int:
@@ -40,78 +97,21 @@ def _rss_kib() -> int:
     return 0
 
 
-def measure_overhead(n: int, durability: str) -> dict[str, float]:
-    with tempfile.TemporaryDirectory() as tmp:
-        with StepJournal(Path(tmp) / "j.sqlite3", durability=durability) as journal:  # type: ignore[arg-type]
-            start = time.perf_counter()
-            first = run_batch(journal, "bench", _items(n), _steps())
-            first_s = time.perf_counter() - start
-            start = time.perf_counter()
-            again = run_batch(journal, "bench", _items(n), _steps())
-            resume_s = time.perf_counter() - start
-            assert first.executed_steps == 3 * n and again.skipped_steps == 3 * n
-            fsyncs = journal.fsync_count
-    # The same loop with no journal at all, to subtract the work that is not the journal's.
-    steps = _steps()
-    start = time.perf_counter()
-    for item in _items(n):
-        for step in steps:
-            step.fn(item, None)  # type: ignore[arg-type]
-    bare_s = time.perf_counter() - start
-    return {
-        "n": n,
-        "durability": durability,
-        "first_run_us_per_item": (first_s - bare_s) / n * 1e6,
-        "resume_us_per_item": resume_s / n * 1e6,
-        "fsyncs_per_item": fsyncs / n,
-    }
-
-
-def measure_memory(n: int) -> dict[str, float]:
+def measure_memory(n: int) -> dict[str, Any]:
+    """Peak RSS growth while ``n`` generated items stream through a first run."""
     before = _rss_kib()
     with tempfile.TemporaryDirectory() as tmp:
         with StepJournal(Path(tmp) / "j.sqlite3", durability="normal") as journal:
             start = time.perf_counter()
-            result = run_batch(journal, "mem", _items(n), _steps())
+            result = run_batch(journal, "mem", workload.items(n), workload.steps())
             elapsed = time.perf_counter() - start
-            assert result.items_completed == n
+            if result.items_completed != n:
+                raise AssertionError(f"{result.items_completed} of {n} items completed")
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
-    return {"items": n, "rss_before_mib": before / 1024, "peak_rss_mib": peak / 1024,
-            "peak_growth_mib": (peak - before) / 1024, "seconds": elapsed}
-
-
-_N = 100_000
-
-
-def _child(kind: str, arg: str) -> dict[str, float]:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.core", "--n", str(_N), "--child", kind, arg],
-                         check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--n", type=int, default=100_000)
-    parser.add_argument("--memory-items", type=int, default=1_000_000)
-    parser.add_argument("--child", nargs=2)
-    args = parser.parse_args()
-    global _N
-    _N = args.n
-    if args.child:
-        kind, arg = args.child
-        if kind == "memory":
-            print(json.dumps(measure_memory(int(arg))))
-        else:
-            print(json.dumps(measure_overhead(args.n, arg)))
-        return
-    for durability in ("normal", "full"):
-        r = _child("overhead", durability)
-        print(f"overhead  N={r['n']:,} durability={durability:6}  first run {r['first_run_us_per_item']:7.1f} us/item"
-              f"  resume {r['resume_us_per_item']:6.1f} us/item  fsyncs/item {r['fsyncs_per_item']:.2f}")
-    m = _child("memory", str(args.memory_items))
-    print(f"memory    {m['items']:,} streamed items: peak RSS growth {m['peak_growth_mib']:.1f} MiB"
-          f" (before {m['rss_before_mib']:.1f} MiB, peak {m['peak_rss_mib']:.1f} MiB, {m['seconds']:.1f} s)")
-
-
-if __name__ == "__main__":
-    main()
+    return {
+        "items": n,
+        "rss_before_mb": before * 1024 / 1e6,
+        "peak_rss_mb": peak * 1024 / 1e6,
+        "peak_growth_mb": (peak - before) * 1024 / 1e6,
+        "seconds": elapsed,
+    }

@@ -1,0 +1,175 @@
+"""``python -m benchmarks [--quick]``: every figure, every ratio, its target and PASS/FAIL.
+
+Each section runs in a child process of its own (fresh interpreter: peak RSS, SQLite's caches and
+DBOS's global state do not leak from one figure into the next); ours and the compared side are
+measured inside the same child, interleaved where repetitions are cheap. A full run writes
+``benchmarks/results.json`` and the table between the ``bench`` markers in README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from benchmarks import report
+
+REPO = Path(__file__).resolve().parents[1]
+
+SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency")
+
+# Sizes of a full run and of --quick. --n caps every item count (the smoke test uses it).
+SIZES: dict[str, dict[str, dict[str, int]]] = {
+    "full": {
+        "article": {"trials": 5},
+        # Baseline FULL makes 6 fsync'd commits per item: 5,000 items x 2 repetitions is plenty.
+        "overhead_normal": {"n": 100_000, "reps": 1, "resumes": 2},
+        "overhead_full": {"n": 5_000, "reps": 2, "resumes": 0},
+        "memory": {"n": 1_000_000},
+        "peer": {"n": 200, "reps": 3},  # DBOS takes milliseconds per step
+        "concurrency": {"n": 10_000, "serial_n": 2_000},
+    },
+    "quick": {
+        "article": {"trials": 2},
+        "overhead_normal": {"n": 5_000, "reps": 1, "resumes": 2},
+        "overhead_full": {"n": 500, "reps": 2, "resumes": 0},
+        "memory": {"n": 20_000},
+        "peer": {"n": 30, "reps": 1},
+        "concurrency": {"n": 500, "serial_n": 200},
+    },
+}
+
+
+def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
+    """Runs in the child process."""
+    # Held items and the injected faults are logged as warnings; here they are expected noise.
+    logging.getLogger("airflow_resumable").setLevel(logging.ERROR)
+    if name == "article":
+        from benchmarks import article_experiment
+
+        return article_experiment.run(trials=params["trials"])
+    if name.startswith("overhead_"):
+        from benchmarks import core
+
+        return core.measure_overhead(params["n"], name.removeprefix("overhead_"),  # type: ignore[arg-type]
+                                     params["reps"], params["resumes"])
+    if name == "memory":
+        from benchmarks import core
+
+        return core.measure_memory(params["n"])
+    if name == "peer":
+        from benchmarks import peer_dbos
+
+        return peer_dbos.measure(params["n"], params["reps"])
+    if name == "concurrency":
+        from benchmarks import concurrency
+
+        return concurrency.measure(params["n"], serial_n=params["serial_n"])
+    raise SystemExit(f"unknown section {name!r}")
+
+
+def _in_child(name: str, params: dict[str, int]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        started = time.monotonic()
+        # The child's stderr passes through, so a failure shows its traceback right here.
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks", "--child", name, json.dumps(params), str(out)], cwd=REPO,
+            stdout=subprocess.DEVNULL,
+        )
+        if proc.returncode != 0 or not out.exists():
+            return {"error": f"the {name} benchmark failed (exit {proc.returncode}); see its output above",
+                    "params": params}
+        result: dict[str, Any] = json.loads(out.read_text())
+        result["wall_seconds"] = time.monotonic() - started
+        return result
+
+
+def _meta(quick: bool, argv: list[str]) -> dict[str, Any]:
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": platform.machine(),
+        "nproc": os.cpu_count(),
+        "python": platform.python_version(),
+        "sqlite": sqlite3.sqlite_version,
+        "quick": quick,
+        "command": "make bench" if not quick and not argv else "python -m benchmarks " + " ".join(argv),
+    }
+
+
+def _print_section(name: str, result: dict[str, Any]) -> None:
+    if "skipped" in result:
+        print(result["skipped"] if name == "concurrency" else f"{name}: skipped: {result['skipped']}")
+    elif "error" in result:
+        print(f"{name}: ERROR: {result['error']}")
+    elif name == "article":
+        print(report.article_table(result))
+    else:
+        shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
+        print(f"{name}: {json.dumps(shown)}")
+    sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args_in = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes (under a minute); writes no files by default")
+    parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
+    parser.add_argument("--n", type=int, help="cap every section's item count (smoke tests)")
+    parser.add_argument("--trials", type=int, help="trials per fault mode of the article experiment")
+    parser.add_argument("--json", type=Path, help="write results here (default: benchmarks/results.json on a full run)")
+    parser.add_argument("--no-readme", action="store_true", help="do not update README.md's table")
+    parser.add_argument("--child", nargs=3, metavar=("SECTION", "PARAMS", "OUT"), help=argparse.SUPPRESS)
+    args = parser.parse_args(args_in)
+
+    if args.child:
+        name, params, out = args.child
+        Path(out).write_text(json.dumps(run_section(name, json.loads(params))))
+        return 0
+
+    mode = "quick" if args.quick else "full"
+    chosen = SECTIONS if not args.only else tuple(s.strip() for s in args.only.split(","))
+    unknown = set(chosen) - set(SECTIONS)
+    if unknown:
+        parser.error(f"unknown section(s) {', '.join(sorted(unknown))}; choose from {', '.join(SECTIONS)}")
+    meta = _meta(args.quick, args_in)
+    print(f"benchmarks ({mode}) {meta['date']}: {meta['machine']}, {meta['nproc']} cores, "
+          f"Python {meta['python']}, SQLite {meta['sqlite']}\n")
+    sections: dict[str, Any] = {}
+    for name in chosen:
+        params = dict(SIZES[mode][name])
+        for key in ("n", "serial_n"):
+            if args.n is not None and key in params:
+                params[key] = min(params[key], args.n)
+        if args.trials is not None and "trials" in params:
+            params["trials"] = args.trials
+        sections[name] = _in_child(name, params)
+        _print_section(name, sections[name])
+        print()
+
+    rows = report.rows(sections)
+    print(report.text_table(rows))
+    results = {"meta": meta, "sections": sections, "targets": [row.as_json() for row in rows]}
+    json_path = args.json or (None if args.quick or args.only else REPO / "benchmarks" / "results.json")
+    if json_path is not None:
+        json_path.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"\nresults: {json_path}")
+    if not (args.quick or args.only or args.no_readme):
+        report.update_readme(REPO / "README.md", report.markdown(rows, meta, sections.get("article")))
+        print("README.md: Performance table updated")
+    # A FAIL is a finding, not a crash; a section that could not run at all is.
+    return 1 if any("error" in result for result in sections.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

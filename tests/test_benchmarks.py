@@ -1,0 +1,109 @@
+"""The benchmarks' code paths at tiny sizes, so `make bench` does not rot.
+
+Only deterministic facts are asserted (the article experiment's counts, who received what); no
+timing or ratio is: performance targets live in `make bench`, not in unit tests.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from airflow_resumable.runner import Step
+from benchmarks import article_experiment, concurrency, report
+from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def quick_results(tmp_path_factory) -> dict:
+    out = tmp_path_factory.mktemp("bench") / "results.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks", "--quick", "--n", "200", "--trials", "1", "--json", str(out), "--no-readme"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    results = json.loads(out.read_text())
+    results["stdout"] = proc.stdout
+    return results
+
+
+def test_the_article_experiment_reproduces_the_articles_counts(quick_results):
+    modes = quick_results["sections"]["article"]["modes"]
+    assert modes["before_accept"]["counts"] == {
+        "rerun_executed": 150, "rerun_skipped": 0, "rerun_duplicates": 40,
+        "run2_executed": 27, "run2_skipped": 122, "run3_executed": 1, "duplicates": 0,
+    }
+    assert modes["after_accept"]["counts"] == {
+        "rerun_executed": 150, "rerun_skipped": 0, "rerun_duplicates": 41,
+        "run2_executed": 27, "run2_skipped": 122, "run3_executed": 0, "duplicates": 0,
+    }
+    for mode, resolution in (("before_accept", "not_delivered"), ("after_accept", "delivered")):
+        m = modes[mode]
+        assert m["counts_identical"] and m["normal"]["counts_identical"]
+        assert m["run1_executed"] == 123  # items 1-40 and item 41's three steps
+        assert m["run2_held"] == ["item-041:notify_external:unknown_outcome"]
+        assert m["resolution"] == resolution
+        assert m["items_received_once"] == 50
+
+
+def test_every_section_reports_a_figure_or_says_why_not(quick_results):
+    sections = quick_results["sections"]
+    assert not [name for name, s in sections.items() if "error" in s]
+    assert sections["overhead_normal"]["n"] == 200 and "resume_ratio" in sections["overhead_normal"]
+    assert sections["overhead_normal"]["baseline_commits_per_item"] == 6  # the article's way: 2 per step
+    assert sections["overhead_full"]["ours_fsyncs_per_item"] <= 1
+    assert sections["memory"]["items"] == 200
+    assert "ratio" in sections["peer"] or "dbos is not installed" in sections["peer"]["skipped"]
+    if concurrency.supports_concurrency():
+        assert sections["concurrency"]["runs"]["16"]["duplicate_sends"] == 0
+    else:
+        assert "concurrency: not available in this build" in quick_results["stdout"]
+    results = {t["figure"].split(" (")[0]: t["result"] for t in quick_results["targets"]}
+    assert set(results.values()) <= {"PASS", "FAIL", "SKIP"}
+    assert all(line.startswith("[") for line in report.text_table(report.rows(sections)).splitlines())
+
+
+def test_the_baseline_resumes_the_articles_way(tmp_path):
+    """Run 1 fails at item 41's send; run 2 skips 1-40, holds 41, finishes 42-50."""
+    receiver = article_experiment.MockReceiver("before_accept", 0.0)
+    steps = [Step("validate", lambda item, ctx: None), Step("transform", lambda item, ctx: None),
+             Step("notify_external", lambda item, ctx: receiver.deliver(item["id"], None), side_effect=True)]
+    items = article_experiment.article_items()
+    with ArticleStyleJournal(tmp_path / "article.sqlite3", durability="full") as journal:
+        with pytest.raises(article_experiment.RefusedBeforeAccept):
+            run_article_style(journal, "job", items, steps)
+        assert journal.commits == 40 * 6 + 2 * 2 + 2  # two per step; 41's send: IN_FLIGHT, FAILED
+        again = run_article_style(journal, "job", items, steps)
+        assert (again.executed_steps, again.skipped_steps) == (27, 122)
+        assert again.held == [("item-041", "notify_external", "unknown_outcome")]
+        journal.resolve("job", "item-041", "notify_external", delivered=False)
+        third = run_article_style(journal, "job", items, steps)
+    assert (third.executed_steps, third.status) == (1, "completed")
+    assert receiver.duplicates == 0 and len(receiver.accepted) == 50
+
+
+def test_the_concurrency_section_runs_at_concurrency_1_against_real_http():
+    figures = concurrency.measure(20, levels=(1,))
+    assert figures["runs"]["1"]["sends"] == 20
+    assert figures["runs"]["1"]["duplicate_sends"] == 0
+
+
+def test_readme_has_the_markers_the_benchmark_fills():
+    text = (REPO / "README.md").read_text()
+    assert text.index(report.START) < text.index(report.END)
+
+
+def test_the_peer_is_skipped_with_a_clear_message_without_dbos(monkeypatch):
+    from benchmarks import peer_dbos
+
+    monkeypatch.setattr(peer_dbos, "dbos_version", lambda: None)
+    skipped = peer_dbos.measure(10)
+    assert "dbos is not installed" in skipped["skipped"]
+    row = next(r for r in report.rows({"peer": skipped}) if "DBOS" in r.figure)
+    assert row.result == "SKIP" and "dbos is not installed" in row.note
