@@ -263,9 +263,8 @@ _MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 _OPEN_ROW = "(held_reason IS NOT NULL OR (side_effect = 1 AND status != 'SUCCEEDED'))"
 
-_UPSERT = f"""
-INSERT INTO steps ({_STEP_COLUMNS})
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?)
+_UPSERT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?)"
+_UPSERT_CONFLICT = """
 ON CONFLICT (job_id, item_id, step) DO UPDATE SET
     side_effect = excluded.side_effect,
     status      = excluded.status,
@@ -278,6 +277,18 @@ ON CONFLICT (job_id, item_id, step) DO UPDATE SET
     attempts    = steps.attempts + excluded.attempts,
     updated_at  = excluded.updated_at
 """
+_UPSERT = f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES {_UPSERT_ROW}{_UPSERT_CONFLICT}"
+# Buffered rows are written as multi-row upserts of at most this many rows (one statement each):
+# executemany would release and re-take the GIL per row, and sends on other threads want it.
+UPSERT_ROWS_PER_STATEMENT = 250
+
+
+def _upsert_many(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
+    for start in range(0, len(rows), UPSERT_ROWS_PER_STATEMENT):
+        part = rows[start:start + UPSERT_ROWS_PER_STATEMENT]
+        values = ",".join([_UPSERT_ROW] * len(part))
+        conn.execute(f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES {values}{_UPSERT_CONFLICT}",
+                     [value for row in part for value in row])
 
 _HOLD = """
 UPDATE steps SET held_reason = ?, new_digest = ?, updated_at = ?
@@ -1003,6 +1014,7 @@ class JobRun:
         self._receipt_log = journal._receipt_log_path(job_id)
         self._receipt_fd: int | None = None
         self._receipt_bytes = 0
+        self._receipts_unwritten: list[bytes] = []
         try:
             journal._fold_receipt_log(self._receipt_log)
         except BaseException:
@@ -1101,8 +1113,8 @@ class JobRun:
         self, item_id: str, step: str, digest: str, *, side_effect: bool, output: str,
         receipt: str | None, verified: bool = False, log_receipt: bool = False,
     ) -> None:
-        """Buffer a SUCCEEDED row; ``log_receipt`` also appends a send's receipt to the receipt log
-        at once, so that it survives the process dying before the next commit."""
+        """Buffer a SUCCEEDED row; with ``log_receipt``, :meth:`write_receipts` puts the send's
+        receipt in the receipt log, so that it survives the process dying before the next commit."""
         # A local step has no IN_FLIGHT row of its own (it is re-run whatever its state), so its
         # attempt is counted here; a send's attempt was counted by its IN_FLIGHT mark.
         attempts = 0 if side_effect else 1
@@ -1111,19 +1123,24 @@ class JobRun:
                       output=output, attempts=attempts)
         )
         if log_receipt:
-            self._append_receipt(item_id, step, digest, output, receipt)
+            line = json.dumps([self.job_id, item_id, step, digest, output, receipt, time.time()],
+                              ensure_ascii=False, separators=(",", ":"))
+            self._receipts_unwritten.append(line.encode("utf-8") + b"\n")
         self._maybe_flush()
 
     # A log past this size is emptied after the next commit (everything in it is committed then).
     RECEIPT_LOG_LIMIT = 1 << 20
 
-    def _append_receipt(self, item_id: str, step: str, digest: str, output: str, receipt: str | None) -> None:
+    def write_receipts(self) -> None:
+        """Append the receipts recorded since the last commit to the receipt log: call it before
+        any further user code runs (one write, no fsync)."""
+        if not self._receipts_unwritten:
+            return
         if self._receipt_fd is None:
             self._receipt_fd = os.open(self._receipt_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        line = json.dumps([self.job_id, item_id, step, digest, output, receipt, time.time()],
-                          ensure_ascii=False, separators=(",", ":"))
-        data = line.encode("utf-8") + b"\n"
-        os.write(self._receipt_fd, data)  # one write: a kill leaves the line whole or (last) torn
+        data = b"".join(self._receipts_unwritten)
+        self._receipts_unwritten.clear()
+        os.write(self._receipt_fd, data)  # one write: a kill leaves whole lines and at most one torn
         self._receipt_bytes += len(data)
 
     def mark_failed(self, item_id: str, step: str, digest: str, *, side_effect: bool, error_type: str) -> None:
@@ -1155,15 +1172,19 @@ class JobRun:
             # The job's last update needs no finer grain than this (close() touches it at the end).
             pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
         with self.journal._write(durable=durable) as conn:
-            # Consecutive records of one kind go in one executemany.
+            # Consecutive records of one kind go in one statement (upserts) or one executemany.
             start = 0
             while start < len(pending):
                 sql = pending[start][0]
                 end = start
                 while end < len(pending) and pending[end][0] == sql:
                     end += 1
-                conn.executemany(sql, [params for _, params in pending[start:end]])
+                if sql is _UPSERT:
+                    _upsert_many(conn, [params for _, params in pending[start:end]])
+                else:
+                    conn.executemany(sql, [params for _, params in pending[start:end]])
                 start = end
+        self._receipts_unwritten.clear()  # committed: the log need not hear of them
         self._last_flush = time.monotonic()
         if now - self._last_touch >= self.FLUSH_SECONDS:
             self._last_touch = now

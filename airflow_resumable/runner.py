@@ -431,7 +431,10 @@ class _Sequential:
             run = self.batch.run
             run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
             run.flush(durable=True)  # on disk before the send starts
-            encoded = self.batch.record_send(send, _call(send))
+            try:
+                encoded = self.batch.record_send(send, _call(send))
+            finally:
+                run.write_receipts()  # before any further user code
             send = _advance(gen, encoded)
 
     def finish(self) -> None:
@@ -490,13 +493,21 @@ class _Concurrent:
 
     def _collect(self) -> None:
         done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
+        finished: list[tuple[ItemSteps, str]] = []
+        error: BaseException | None = None
         for future in done:
             gen, send = self.in_flight.pop(future)
             try:
-                encoded = self.batch.record_send(send, future.result())
-            except BaseException:
+                finished.append((gen, self.batch.record_send(send, future.result())))
+            except BaseException as exc:  # recorded FAILED; the others of this round still count
                 gen.close()
-                raise
+                error = error or exc
+        self.batch.run.write_receipts()  # one write for the round, before any further user code
+        if error is not None:
+            for gen, _ in finished:
+                gen.close()
+            raise error
+        for gen, encoded in finished:
             following = _advance(gen, encoded)
             if following is not None:
                 self.ready.append((gen, following))
@@ -516,6 +527,7 @@ class _Concurrent:
                         self.batch.record_send(send, future.result())
                     except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
                         pass
+            self.batch.run.write_receipts()
         finally:
             self.pool.shutdown(wait=True)
 

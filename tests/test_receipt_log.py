@@ -73,6 +73,7 @@ def test_a_live_runners_log_is_left_to_it(tmp_path):
         run.mark_in_flight("a", "notify", "d")
         run.flush(durable=True)
         run.mark_succeeded("a", "notify", "d", side_effect=True, output='"r"', receipt="r", log_receipt=True)
+        run.write_receipts()
         log = journal._receipt_log_path(JOB)
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
         with StepJournal(path) as other:  # another process's view while the run goes on
