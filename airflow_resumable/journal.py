@@ -399,7 +399,11 @@ class StepJournal:
             self._close_quietly()
             raise
         self._tighten_permissions()
-        self._fold_orphaned_receipt_logs()
+        try:
+            self._fold_orphaned_receipt_logs()
+        except BaseException:
+            self._close_quietly()
+            raise
 
     # -- opening ------------------------------------------------------------------------------
 
