@@ -281,11 +281,21 @@ _UPSERT = f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES {_UPSERT_ROW}{_UPSERT_CON
 # Buffered rows are written as multi-row upserts of at most this many rows (one statement each):
 # executemany would release and re-take the GIL per row, and sends on other threads want it.
 UPSERT_ROWS_PER_STATEMENT = 250
+_UPSERT_VALUES_PER_ROW = _UPSERT_ROW.count("?")
+
+
+def _rows_per_statement(conn: sqlite3.Connection) -> int:
+    # SQLite before 3.32 allows 999 variables per statement; ask the library we run on.
+    limit = 999
+    if hasattr(conn, "getlimit"):  # Python 3.11+
+        limit = conn.getlimit(getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9))
+    return max(1, min(UPSERT_ROWS_PER_STATEMENT, limit // _UPSERT_VALUES_PER_ROW))
 
 
 def _upsert_many(conn: sqlite3.Connection, rows: Sequence[tuple[Any, ...]]) -> None:
-    for start in range(0, len(rows), UPSERT_ROWS_PER_STATEMENT):
-        part = rows[start:start + UPSERT_ROWS_PER_STATEMENT]
+    size = _rows_per_statement(conn)
+    for start in range(0, len(rows), size):
+        part = rows[start:start + size]
         values = ",".join([_UPSERT_ROW] * len(part))
         conn.execute(f"INSERT INTO steps ({_STEP_COLUMNS}) VALUES {values}{_UPSERT_CONFLICT}",
                      [value for row in part for value in row])
@@ -304,6 +314,10 @@ WHERE job_id = ? AND item_id = ? AND step = ? AND digest = ? AND side_effect = 1
 """
 
 RECEIPT_LOG_SUFFIX = ".receipts"
+# Holders of a job lock that keep it only for one short transaction (see JobRun._take_lock).
+_FOLD_RUNNER, _RESOLUTION_RUNNER = "receipt log fold", "resolution"
+_BRIEF_HOLDERS = (f", {_FOLD_RUNNER}", f", {_RESOLUTION_RUNNER}")
+FOLD_WAIT_SECONDS = 5.0
 
 _TOUCH_JOB = """
 INSERT INTO jobs (job_id, created_at, updated_at, last_runner) VALUES (?, ?, ?, ?)
@@ -594,7 +608,7 @@ class StepJournal:
         for name in names:
             try:
                 lock = _JobLock(directory / (name[: -len(RECEIPT_LOG_SUFFIX)] + ".lock"), "(receipt log)",
-                                self.path, runner="receipt log fold")
+                                self.path, runner=_FOLD_RUNNER)
             except JobBusyError:
                 continue  # its runner is alive: it commits its receipts itself
             try:
@@ -817,7 +831,7 @@ class StepJournal:
         (A send resolved "not delivered" while it is in flight would lose its receipt to the delete.)
         """
         try:
-            lock = _JobLock(self._lock_path(job_id), job_id, self.path, runner="resolution")
+            lock = _JobLock(self._lock_path(job_id), job_id, self.path, runner=_RESOLUTION_RUNNER)
         except JobBusyError as exc:
             busy = JobBusyError(
                 f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
@@ -991,7 +1005,7 @@ class JobRun:
         self.job_id = job_id
         self._pending: list[tuple[str, tuple[Any, ...]]] = []
         self._last_flush = time.monotonic()
-        self._lock = _JobLock(journal._lock_path(job_id), job_id, journal.path, runner=runner)
+        self._lock = self._take_lock(journal, job_id, runner)
         try:
             found = journal._read("SELECT pruned_at FROM jobs WHERE job_id = ?", (job_id,))
             if found and found[0][0] is not None:
@@ -1019,6 +1033,7 @@ class JobRun:
         self._receipt_fd: int | None = None
         self._receipt_bytes = 0
         self._receipts_unwritten: list[bytes] = []
+        self._flush_failed = False
         try:
             journal._fold_receipt_log(self._receipt_log)
         except BaseException:
@@ -1028,6 +1043,19 @@ class JobRun:
         # touched anything (bad input) leaves the journal exactly as it was.
         self._runner = runner
         self._flushed = False
+
+    @staticmethod
+    def _take_lock(journal: StepJournal, job_id: str, runner: str | None) -> _JobLock:
+        # Another process opening the journal may hold the lock for a moment to fold this job's
+        # receipt log (or to resolve one of its items): wait that out rather than fail the try.
+        deadline = time.monotonic() + FOLD_WAIT_SECONDS
+        while True:
+            try:
+                return _JobLock(journal._lock_path(job_id), job_id, journal.path, runner=runner)
+            except JobBusyError as exc:
+                if not exc.holder.endswith(_BRIEF_HOLDERS) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
 
     # -- lookups --------------------------------------------------------------------------------
 
@@ -1170,11 +1198,32 @@ class JobRun:
     def flush(self, *, durable: bool = False) -> None:
         if not self._pending:
             return
-        pending, self._pending = self._pending, []
+        records, self._pending = self._pending, []
         now = time.time()
+        pending = list(records)
         if now - self._last_touch >= self.FLUSH_SECONDS:
             # The job's last update needs no finer grain than this (close() touches it at the end).
             pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
+        try:
+            self._commit(pending, durable)
+        except BaseException:
+            # Nothing was written. Keep the records (a delivered send's SUCCEEDED among them) for
+            # the next flush - close() flushes once more - but not the IN_FLIGHT marks: a mark is
+            # buffered just before its send, and that send will not start now.
+            kept = [r for r in records if not (r[0] is _UPSERT and r[1][4] == Status.IN_FLIGHT.value)]
+            self._pending = kept + self._pending
+            self._flush_failed = True
+            raise
+        self._receipts_unwritten.clear()  # committed: the log need not hear of them
+        self._last_flush = time.monotonic()
+        if now - self._last_touch >= self.FLUSH_SECONDS:
+            self._last_touch = now
+        self._flushed = True
+        if self._receipt_fd is not None and self._receipt_bytes > self.RECEIPT_LOG_LIMIT:
+            os.ftruncate(self._receipt_fd, 0)  # all of it was in the transaction just committed
+            self._receipt_bytes = 0
+
+    def _commit(self, pending: list[tuple[str, tuple[Any, ...]]], durable: bool) -> None:
         with self.journal._write(durable=durable) as conn:
             # Consecutive records of one kind go in one statement (upserts) or one executemany.
             start = 0
@@ -1188,14 +1237,6 @@ class JobRun:
                 else:
                     conn.executemany(sql, [params for _, params in pending[start:end]])
                 start = end
-        self._receipts_unwritten.clear()  # committed: the log need not hear of them
-        self._last_flush = time.monotonic()
-        if now - self._last_touch >= self.FLUSH_SECONDS:
-            self._last_touch = now
-        self._flushed = True
-        if self._receipt_fd is not None and self._receipt_bytes > self.RECEIPT_LOG_LIMIT:
-            os.ftruncate(self._receipt_fd, 0)  # all of it was in the transaction just committed
-            self._receipt_bytes = 0
 
     def close(self) -> None:
         try:
@@ -1204,8 +1245,10 @@ class JobRun:
                     now = time.time()  # the job's last update is the end of this run
                     self._pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
                 self.flush(durable=False)
-                # Every logged receipt is committed now; a failed flush above keeps the log for the
-                # next open to fold.
+                # Every receipt is committed now; a failed flush above keeps the log for the next
+                # open to fold. After an earlier failed flush, fold it anyway (harmless if done).
+                if self._flush_failed:
+                    self.journal._fold_receipt_log(self._receipt_log)
                 self._receipt_log.unlink(missing_ok=True)
                 with contextlib.suppress(sqlite3.Error):
                     self.journal._connection.execute(f"DROP TABLE IF EXISTS temp.{self._seen_table}")

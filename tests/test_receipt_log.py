@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import sqlite3
 import stat
+import threading
 import time
 
-from airflow_resumable.journal import JobBusyError, Status, StepJournal
+from airflow_resumable.journal import JobBusyError, JournalError, Status, StepJournal
 from airflow_resumable.runner import Step, run_batch
 
 JOB = "receipts/job"
@@ -123,3 +124,75 @@ def test_a_running_job_cannot_be_resolved(tmp_path):
     with StepJournal(path) as journal:  # once the run is over, it can be resolved
         journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="oncall")
         assert journal.rows(JOB) == []
+
+
+def test_a_failed_flush_keeps_every_record_for_the_next_one(tmp_path):
+    """Another task holds the write lock past the busy timeout while item 2's mark is flushed: the
+    run fails before item 2 is sent, and item 1's delivered send is still recorded SUCCEEDED."""
+    path = tmp_path / "journal.sqlite3"
+    delivered = []
+
+    def hold_the_lock() -> None:
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        time.sleep(0.5)
+        conn.execute("COMMIT")
+        conn.close()
+
+    def local(item, ctx):
+        if item["id"] == 2:
+            threading.Thread(target=hold_the_lock).start()
+            time.sleep(0.1)
+        return 1
+
+    def notify(item, ctx):
+        delivered.append(item["id"])
+        return f"r-{item['id']}"
+
+    steps = [Step("local", local), Step("notify", notify, side_effect=True)]
+    with StepJournal(path, busy_timeout=0.2) as journal:
+        try:
+            # The progress report on failure outlasts the other writer, so close() can flush.
+            run_batch(journal, JOB, [{"id": 1}, {"id": 2}], steps, on_progress=lambda p: time.sleep(0.6),
+                      progress_interval=3600)
+        except JournalError as exc:
+            assert "locked" in str(exc)
+        else:
+            raise AssertionError("the flush must have failed")
+    assert delivered == [1], "item 2 was never sent: its mark could not be committed"
+    with StepJournal(path) as journal:
+        rows = {(r.item_id, r.step): (r.status, r.receipt) for r in journal.rows(JOB)}
+        assert rows[("1", "notify")] == (Status.SUCCEEDED, "r-1")
+        assert ("2", "notify") not in rows
+        result = run_batch(journal, JOB, [{"id": 1}, {"id": 2}], steps)
+    assert (result.status, delivered) == ("completed", [1, 2])
+
+
+def test_upserts_fit_an_old_sqlite_variable_limit(tmp_path):
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        if not hasattr(journal._connection, "setlimit"):
+            return  # Python 3.10: the conservative 999 is assumed anyway
+        journal._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # SQLite < 3.32
+        steps = [Step("a", lambda item, ctx: 1), Step("b", lambda item, ctx: 2)]
+        result = run_batch(journal, JOB, [{"id": i} for i in range(700)], steps)  # 1,400 rows buffered
+        assert result.executed_steps == 1400 and len(journal.rows(JOB)) == 1400
+
+
+def test_a_run_waits_out_a_fold_that_holds_its_lock_for_a_moment(tmp_path):
+    from airflow_resumable.journal import _FOLD_RUNNER, _JobLock
+
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        fold = _JobLock(journal._lock_path(JOB), JOB, journal.path, runner=_FOLD_RUNNER)
+        threading.Timer(0.3, fold.release).start()
+        started = time.monotonic()
+        with journal.open_job(JOB):
+            assert time.monotonic() - started >= 0.25
+        # A real runner holding the job is still refused at once.
+        with journal.open_job(JOB, runner="the other run"):
+            started = time.monotonic()
+            try:
+                journal.open_job(JOB)
+            except JobBusyError as exc:
+                assert "the other run" in str(exc) and time.monotonic() - started < 0.2
+            else:
+                raise AssertionError("a second runner must be refused")
