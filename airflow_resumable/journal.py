@@ -93,6 +93,7 @@ class JobBusyError(JournalError):
     """Another runner holds this job right now; nothing was sent."""
 
     holder = "holder unknown"  # who holds the job: pid, host, since when, which runner
+    runner: str | None = None  # the holder's runner name, as it took the lock
 
 
 class JobPrunedError(JournalError):
@@ -316,7 +317,7 @@ WHERE job_id = ? AND item_id = ? AND step = ? AND digest = ? AND side_effect = 1
 RECEIPT_LOG_SUFFIX = ".receipts"
 # Holders of a job lock that keep it only for one short transaction (see JobRun._take_lock).
 _FOLD_RUNNER, _RESOLUTION_RUNNER = "receipt log fold", "resolution"
-_BRIEF_HOLDERS = (f", {_FOLD_RUNNER}", f", {_RESOLUTION_RUNNER}")
+_BRIEF_HOLDERS = (_FOLD_RUNNER, _RESOLUTION_RUNNER)
 FOLD_WAIT_SECONDS = 5.0
 
 _TOUCH_JOB = """
@@ -837,7 +838,7 @@ class StepJournal:
                 f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
                 "its held items after the run ends."
             )
-            busy.holder = exc.holder
+            busy.holder, busy.runner = exc.holder, exc.runner
             raise busy from None
         try:
             self._fold_receipt_log(self._receipt_log_path(job_id))
@@ -938,14 +939,14 @@ class _JobLock:
             try:
                 fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                holder = self._holder()
+                holder, holder_runner = self._holder()
                 os.close(self._fd)
                 busy = JobBusyError(
                     f"job {job_id!r} is already running ({holder}, journal {journal_path}). "
                     "Nothing was sent. Wait for that run to finish or stop it; two runs of one job "
                     "would send items twice."
                 )
-                busy.holder = holder
+                busy.holder, busy.runner = holder, holder_runner
                 raise busy from None
             except BaseException:
                 os.close(self._fd)
@@ -961,14 +962,16 @@ class _JobLock:
         os.ftruncate(self._fd, 0)
         os.pwrite(self._fd, json.dumps(info).encode("utf-8"), 0)
 
-    def _holder(self) -> str:
+    def _holder(self) -> tuple[str, str | None]:
+        """Who holds the lock, for messages, and the runner name it gave."""
         try:
             info = json.loads(os.pread(self._fd, 4096, 0) or b"{}")
             since = _ts(float(info["since"])).strftime("%Y-%m-%d %H:%M:%S UTC")
             who = f"pid {info['pid']} on {info['host']} since {since}"
-            return who + (f", {info['runner']}" if info.get("runner") else "")
+            runner = info.get("runner")
+            return who + (f", {runner}" if runner else ""), runner
         except (ValueError, KeyError, TypeError, OSError):
-            return "holder unknown"
+            return "holder unknown", None
 
     def release(self, *, remove: bool = False) -> None:
         if self._fd < 0:
@@ -1022,23 +1025,19 @@ class JobRun:
             )
             # A job with no rows yet cannot have finished items: its first run skips the bulk check.
             self._new_job = not journal._read("SELECT 1 FROM steps WHERE job_id = ? LIMIT 1", (job_id,))
+            # A previous run of this job that died left its receipts here: commit them before deciding.
+            self._receipt_log = journal._receipt_log_path(job_id)
+            journal._fold_receipt_log(self._receipt_log)
         except BaseException:
             self._lock.release()
             raise
         self._chunk_start = 0
         self._chunk_ids: list[str] = []
         self._last_touch = 0.0
-        # A previous run of this job that died left its receipts here: commit them before deciding.
-        self._receipt_log = journal._receipt_log_path(job_id)
         self._receipt_fd: int | None = None
         self._receipt_bytes = 0
         self._receipts_unwritten: list[bytes] = []
         self._flush_failed = False
-        try:
-            journal._fold_receipt_log(self._receipt_log)
-        except BaseException:
-            self._lock.release()
-            raise
         # The jobs row is written with the first flushed record, so a run refused before it
         # touched anything (bad input) leaves the journal exactly as it was.
         self._runner = runner
@@ -1053,7 +1052,7 @@ class JobRun:
             try:
                 return _JobLock(journal._lock_path(job_id), job_id, journal.path, runner=runner)
             except JobBusyError as exc:
-                if not exc.holder.endswith(_BRIEF_HOLDERS) or time.monotonic() >= deadline:
+                if exc.runner not in _BRIEF_HOLDERS or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
 
@@ -1201,9 +1200,10 @@ class JobRun:
         records, self._pending = self._pending, []
         now = time.time()
         pending = list(records)
-        if now - self._last_touch >= self.FLUSH_SECONDS:
-            # The job's last update needs no finer grain than this (close() touches it at the end).
-            pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
+        # The job's last update needs no finer grain than this (close() touches it at the end).
+        touch = now - self._last_touch >= self.FLUSH_SECONDS
+        if touch:
+            pending.append(self._touch(now))
         try:
             self._commit(pending, durable)
         except BaseException:
@@ -1216,12 +1216,15 @@ class JobRun:
             raise
         self._receipts_unwritten.clear()  # committed: the log need not hear of them
         self._last_flush = time.monotonic()
-        if now - self._last_touch >= self.FLUSH_SECONDS:
+        if touch:
             self._last_touch = now
         self._flushed = True
         if self._receipt_fd is not None and self._receipt_bytes > self.RECEIPT_LOG_LIMIT:
             os.ftruncate(self._receipt_fd, 0)  # all of it was in the transaction just committed
             self._receipt_bytes = 0
+
+    def _touch(self, now: float) -> tuple[str, tuple[Any, ...]]:
+        return _TOUCH_JOB, (self.job_id, now, now, self._runner)
 
     def _commit(self, pending: list[tuple[str, tuple[Any, ...]]], durable: bool) -> None:
         with self.journal._write(durable=durable) as conn:
@@ -1242,8 +1245,7 @@ class JobRun:
         try:
             if self.journal._conn is not None:
                 if self._pending or self._flushed:
-                    now = time.time()  # the job's last update is the end of this run
-                    self._pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
+                    self._pending.append(self._touch(time.time()))  # the job's last update: this run's end
                 self.flush(durable=False)
                 # Every receipt is committed now; a failed flush above keeps the log for the next
                 # open to fold. After an earlier failed flush, fold it anyway (harmless if done).
@@ -1265,6 +1267,5 @@ class JobRun:
         if exc_type is None and not self._flushed:
             # A run that finished without writing a row (an empty batch) is still remembered, so
             # the wrong-worker guard knows this journal has seen the job.
-            now = time.time()
-            self._pending.append((_TOUCH_JOB, (self.job_id, now, now, self._runner)))
+            self._pending.append(self._touch(time.time()))
         self.close()

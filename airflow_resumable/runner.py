@@ -410,6 +410,14 @@ class _Batch:
         log.warning("item %s: %s held (%s)", item_id, step, reason.value)
 
 
+def _commit_marks(run: JobRun, sends: Iterable[_Send]) -> None:
+    """Mark these sends IN_FLIGHT and commit the marks (with everything buffered) in one durable
+    flush - one fsync under full durability. Call it before any of them starts."""
+    for send in sends:
+        run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
+    run.flush(durable=True)
+
+
 def _advance(gen: ItemSteps, value: str | None) -> _Send | None:
     """Run an item on to its next send (None: the item is done or held)."""
     try:
@@ -429,8 +437,7 @@ class _Sequential:
         send = _advance(gen, None)
         while send is not None:
             run = self.batch.run
-            run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
-            run.flush(durable=True)  # on disk before the send starts
+            _commit_marks(run, [send])
             try:
                 encoded = self.batch.record_send(send, _call(send))
             finally:
@@ -483,10 +490,7 @@ class _Concurrent:
             self.pool.shutdown(wait=True)
 
     def _dispatch(self) -> None:
-        run = self.batch.run
-        for _, send in self.ready:
-            run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
-        run.flush(durable=True)  # the whole group's marks (and buffered receipts): one commit, one fsync
+        _commit_marks(self.batch.run, [send for _, send in self.ready])  # the group shares one fsync
         for gen, send in self.ready:
             self.in_flight[self.pool.submit(_call, send)] = (gen, send)
         self.ready = []
@@ -549,6 +553,13 @@ def _check_steps(steps: Iterable[Step]) -> list[Step]:
 MAX_CONCURRENCY = 256
 
 
+def check_concurrency(concurrency: object) -> int:
+    """``concurrency`` if it is a usable value, else ValueError (the operator checks it at parse time)."""
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}")
+    return concurrency
+
+
 def run_batch(
     journal: StepJournal,
     job_id: str,
@@ -574,8 +585,7 @@ def run_batch(
         raise ValueError("job_id must be a non-empty string")
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-        raise ValueError(f"concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}")
+    check_concurrency(concurrency)
     checked_steps = _check_steps(steps)
     step_names = [s.name for s in checked_steps]
     items_total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ from airflow_resumable._airflow import (
 from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.links import ResumableJobLink
-from airflow_resumable.runner import MAX_CONCURRENCY, BatchProgress, BatchResult, Step, run_batch
+from airflow_resumable.runner import BatchProgress, BatchResult, Step, check_concurrency, run_batch
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -131,11 +131,10 @@ class ResumableBatchOperator(BaseOperator):
         self.start_afresh = start_afresh
         self.allow_network_filesystem = allow_network_filesystem
         self.progress_interval = progress_interval
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:
-            raise ValueError(
-                f"{self.task_id}: concurrency must be an integer from 1 to {MAX_CONCURRENCY}, not {concurrency!r}"
-            )
-        self.concurrency = concurrency
+        try:
+            self.concurrency = check_concurrency(concurrency)
+        except ValueError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from None
 
     # -- templating -----------------------------------------------------------------------------
 
