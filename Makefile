@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)" -e ".[airflow,http,test]"
+	$(PY) -m pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)" -e ".[airflow,http,postgres,test]"
 	touch $@
 
 test: $(VENV)/.installed  ## run the whole test suite

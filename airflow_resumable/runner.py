@@ -6,6 +6,7 @@ It imports nothing from Airflow. The whole decision for one step found in the jo
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import itertools
 import json
@@ -16,7 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_resumable.journal import HeldReason, HeldStep, JobRun, Status, StepJournal
+from airflow_resumable.journal import HeldReason, HeldStep, JobRun, Status, StepJournal, StepState
 
 __all__ = [
     "BatchProgress",
@@ -115,6 +116,8 @@ class Step:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError("a Step needs a non-empty name")
+        if "\x00" in self.name:
+            raise ValueError(f"step name {self.name!r} contains a NUL character")
         if not callable(self.fn):
             raise ValueError(f"step {self.name!r}: fn must be callable")
         if self.verify is not None and not self.side_effect:
@@ -167,11 +170,20 @@ def idempotency_key(job_id: str, item_id: str, step: str) -> str:
 # --------------------------------------------------------------------------- the decision table
 
 
-RUN, SKIP, VERIFY, HOLD_CHANGED = "run", "skip", "verify", "hold_input_changed"
+class Action(str, enum.Enum):
+    """What the runner does with one step."""
+
+    RUN = "run"
+    SKIP = "skip"
+    VERIFY = "verify"
+    HOLD_CHANGED = "hold_input_changed"
 
 
-def _decide(row: tuple[Any, ...] | None, digest: str, side_effect: bool) -> str:
-    """What to do with one step, given its journal row (status, digest, ...) or None.
+RUN, SKIP, VERIFY, HOLD_CHANGED = Action.RUN, Action.SKIP, Action.VERIFY, Action.HOLD_CHANGED
+
+
+def _decide(row: StepState | None, digest: str, side_effect: bool) -> Action:
+    """What to do with one step, given its journal row (or None) and the item's digest now.
 
     | journal row                       | local step | side-effect step            |
     |-----------------------------------|------------|-----------------------------|
@@ -183,10 +195,9 @@ def _decide(row: tuple[Any, ...] | None, digest: str, side_effect: bool) -> str:
     """
     if row is None:
         return RUN
-    status, row_digest = row[0], row[1]
-    if row_digest != digest:
+    if row.digest != digest:
         return HOLD_CHANGED
-    if status == Status.SUCCEEDED:
+    if row.status == Status.SUCCEEDED:
         return SKIP
     return VERIFY if side_effect else RUN
 
@@ -199,6 +210,15 @@ class _Prepared:
     item_id: str
     item: Mapping[str, Any]
     digest: str
+
+
+def _is_text(value: str) -> bool:
+    """True if ``value`` is valid Unicode (no lone surrogates), as both journal engines store it."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _item_id(item: object, id_field: str, position: int) -> str:
@@ -216,6 +236,11 @@ def _item_id(item: object, id_field: str, position: int) -> str:
     item_id = str(raw)
     if not item_id.strip():
         raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
+    if "\x00" in item_id or not _is_text(item_id):
+        raise InvalidItemError(
+            f"item at position {position}: {id_field!r} contains a NUL character or a lone surrogate; ids "
+            "must be valid Unicode text"
+        )
     if len(item_id) > MAX_ID_LENGTH:
         raise InvalidItemError(
             f"item at position {position}: {id_field!r} is {len(item_id)} characters (at most {MAX_ID_LENGTH})"
@@ -266,7 +291,8 @@ def _encode_output(value: Any, item_id: str, step: str) -> str:
 def _receipt_of(value: Any, encoded: str) -> str | None:
     if value is None:
         return None
-    return value if isinstance(value, str) else encoded
+    # A receipt holding NUL is kept as its JSON text: no journal engine stores NUL in text.
+    return value if isinstance(value, str) and "\x00" not in value else encoded
 
 
 def _chunks(items: Iterable[object]) -> Iterator[list[object]]:
@@ -315,7 +341,7 @@ class _Batch:
         self.steps = steps
         self.result = result
 
-    def steps_of(self, p: _Prepared, rows: Mapping[str, tuple[Any, ...]]) -> ItemSteps:
+    def steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
         job_id, result = self.run.job_id, self.result
         outputs: dict[str, str | None] = {}  # step -> recorded JSON, decoded only if a later step asks
         for step in self.steps:
@@ -323,15 +349,15 @@ class _Batch:
             action = _decide(row, p.digest, step.side_effect)
             if action == HOLD_CHANGED:
                 assert row is not None
-                if row[3] != HeldReason.INPUT_CHANGED:
+                if row.held_reason != HeldReason.INPUT_CHANGED:
                     self.run.hold(p.item_id, step.name, HeldReason.INPUT_CHANGED, new_digest=p.digest)
                 self._held(p.item_id, step.name, HeldReason.INPUT_CHANGED)
                 return
             if action == SKIP:
                 assert row is not None
-                if row[3] == HeldReason.INPUT_CHANGED:
+                if row.held_reason == HeldReason.INPUT_CHANGED:
                     self.run.release_hold(p.item_id, step.name)  # the input went back to the journaled one
-                outputs[step.name] = row[2]
+                outputs[step.name] = row.output
                 result.skipped_steps += 1
                 continue
             ctx = StepContext._from_journal(job_id, p.item_id, step.name, p.digest, outputs)
@@ -339,7 +365,7 @@ class _Batch:
                 receipt = self._verify(step, ctx)
                 if receipt is None:
                     assert row is not None
-                    if row[3] != HeldReason.UNKNOWN_OUTCOME:
+                    if row.held_reason != HeldReason.UNKNOWN_OUTCOME:
                         self.run.hold(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
                     self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
                     return  # never send: the receiver may already have it
@@ -432,7 +458,7 @@ class _Sequential:
     def __init__(self, batch: _Batch) -> None:
         self.batch = batch
 
-    def start(self, p: _Prepared, rows: Mapping[str, tuple[Any, ...]]) -> None:
+    def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
         gen = self.batch.steps_of(p, rows)
         send = _advance(gen, None)
         while send is not None:
@@ -468,7 +494,7 @@ class _Concurrent:
         self.ready: list[tuple[ItemSteps, _Send]] = []
         self.in_flight: dict[Future[_Outcome], tuple[ItemSteps, _Send]] = {}
 
-    def start(self, p: _Prepared, rows: Mapping[str, tuple[Any, ...]]) -> None:
+    def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
         gen = self.batch.steps_of(p, rows)
         send = _advance(gen, None)
         if send is not None:
@@ -581,8 +607,8 @@ def run_batch(
     the same results. Raises :class:`~airflow_resumable.journal.JobBusyError` at once if another
     runner holds the job.
     """
-    if not isinstance(job_id, str) or not job_id.strip():
-        raise ValueError("job_id must be a non-empty string")
+    if not isinstance(job_id, str) or not job_id.strip() or "\x00" in job_id or not _is_text(job_id):
+        raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
     check_concurrency(concurrency)

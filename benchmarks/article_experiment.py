@@ -23,7 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.journal import Durability, StepJournal
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.journal.base import Durability
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
 
 ITEMS = 50

@@ -13,7 +13,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.journal import Durability, StepJournal
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.journal.base import Durability
 from airflow_resumable.runner import run_batch
 from benchmarks import workload
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style

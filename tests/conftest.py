@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from tests.airflow_harness import Airflow, migrated_template
+from tests.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
 
 
 @pytest.fixture(scope="session")
@@ -13,3 +16,75 @@ def airflow_template(tmp_path_factory):
 @pytest.fixture
 def airflow(airflow_template, tmp_path) -> Airflow:
     return Airflow.create(airflow_template, tmp_path)
+
+
+# ----------------------------------------------------------------- both journal engines (SQLite, PostgreSQL)
+
+
+class PostgresForTests:
+    """The session's PostgreSQL: a throwaway cluster of our own, or the one RESUMABLE_TEST_POSTGRES_URL names."""
+
+    def __init__(self) -> None:
+        self.cluster: PostgresCluster | None = None
+        self.admin_url = os.environ.get(ENV_URL) or None
+        if self.admin_url is None:
+            bindir = server_bindir()
+            if bindir is not None:
+                self.cluster = PostgresCluster(bindir)
+                self.admin_url = self.cluster.url()
+
+    @property
+    def available(self) -> bool:
+        return self.admin_url is not None
+
+    def new_database(self) -> str:
+        assert self.admin_url is not None
+        return create_database(self.admin_url)
+
+
+_POSTGRES: PostgresForTests | None = None
+
+
+def _postgres() -> PostgresForTests:
+    global _POSTGRES
+    if _POSTGRES is None:
+        _POSTGRES = PostgresForTests()
+    return _POSTGRES
+
+
+def pytest_report_header(config):
+    if os.environ.get(ENV_URL):
+        return f"journal backends: SQLite and PostgreSQL ({ENV_URL})"
+    if server_bindir() is None:
+        return "!!! " + HOW_TO_ENABLE
+    return "journal backends: SQLite and PostgreSQL (a throwaway cluster started by the tests)"
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _POSTGRES is not None and _POSTGRES.cluster is not None:
+        _POSTGRES.cluster.destroy()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> PostgresForTests:
+    """The session's PostgreSQL. In CI it must be there (.ci/run installs it); elsewhere its absence skips."""
+    pg = _postgres()
+    if not pg.available:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL tests, but no PostgreSQL server was found. " + HOW_TO_ENABLE)
+        pytest.skip(HOW_TO_ENABLE)
+    return pg
+
+
+@pytest.fixture
+def postgres_url(postgres) -> str:
+    """A new, empty database of the session's PostgreSQL."""
+    return postgres.new_database()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def journal_location(request, tmp_path) -> str:
+    """Where this test's journal lives: a SQLite file, then a PostgreSQL database of its own."""
+    if request.param == "sqlite":
+        return str(tmp_path / "journal" / "journal.sqlite3")
+    return request.getfixturevalue("postgres_url")

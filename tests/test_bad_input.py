@@ -1,9 +1,8 @@
 """SPEC §3 and §5: every bad input is refused with a clear ValueError naming the item, and the journal
-file is left exactly as it was (checked row by row through a separate SQLite connection)."""
+is left exactly as it was (checked row by row through a separate connection), on SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,22 +26,12 @@ from airflow_resumable.runner import (
     idempotency_key,
     run_batch,
 )
+from tests.backends import snapshot
 
 JOB = "bad-input/job"
 
 
 # ------------------------------------------------------------------------------------- helpers
-
-
-def snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table of the journal, read through a connection of our own."""
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    try:
-        tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
-        assert {"steps", "jobs", "resolutions", "meta"} <= set(tables)
-        return {t: sorted(conn.execute(f'SELECT * FROM "{t}"').fetchall(), key=repr) for t in tables}
-    finally:
-        conn.close()
 
 
 def without_jobs(snap: dict[str, list[tuple[Any, ...]]]) -> dict[str, list[tuple[Any, ...]]]:
@@ -84,8 +73,8 @@ class Recorder:
 
 
 @pytest.fixture
-def journal_path(tmp_path: Path) -> Path:
-    return tmp_path / "journal" / "journal.sqlite3"
+def journal_path(journal_location: str) -> str:
+    return journal_location  # every test here runs on SQLite and on PostgreSQL
 
 
 @pytest.fixture
@@ -126,7 +115,7 @@ def refused_run(journal: StepJournal, journal_path: Path, rec: Recorder, items: 
 # ---------------------------------------------------------------------------------- run_batch
 
 
-@pytest.mark.parametrize("job_id", ["", "   ", None, 7])
+@pytest.mark.parametrize("job_id", ["", "   ", None, 7, "job\x00with-nul", "lone-\ud800-surrogate"])
 def test_empty_or_non_string_job_id_is_refused(journal, journal_path, seeded, job_id):
     before = snapshot(journal_path)
     with pytest.raises(ValueError, match="job_id"):
@@ -176,6 +165,11 @@ def test_item_without_the_id_field(journal, journal_path, seeded):
     with pytest.raises(InvalidItemError, match="position 0.*'key'"):
         run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), id_field="key")
     assert without_jobs(snapshot(journal_path)) == without_jobs(before) and seeded.calls == []
+
+
+@pytest.mark.parametrize("bad_text", ["d\x00", "d\udc80"])
+def test_item_id_with_a_nul_character_or_a_lone_surrogate(journal, journal_path, seeded, bad_text):
+    refused_run(journal, journal_path, seeded, [{"id": "c"}, {"id": bad_text}], InvalidItemError, "position 1", "NUL")
 
 
 @pytest.mark.parametrize("empty", ["", " ", "\t\n"])
@@ -418,6 +412,7 @@ def _refused(journal_path: Path, error: type[Exception], call, *names: str) -> E
         (JOB, "b", "validate", ("/ b / validate", "local step")),  # a local step
         (JOB, "e", "transform", ("/ e / transform", "FAILED", "local step")),  # a FAILED local step
         (JOB, "d", "validate", ("/ d / validate", "resolve_input_change")),  # input_changed, not a send
+        (JOB, "b\x00", "notify", ("NUL",)),  # no id holds NUL (PostgreSQL's text cannot)
     ],
 )
 @pytest.mark.parametrize("delivered", [True, False])

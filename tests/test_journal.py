@@ -35,6 +35,7 @@ from airflow_resumable.journal import (
     StepJournal,
 )
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
+from tests import backends
 
 JOB = "journal/job"
 
@@ -98,7 +99,14 @@ def snapshot(path: Path) -> dict[str, list[tuple[Any, ...]]]:
 
 @pytest.fixture
 def path(tmp_path: Path) -> Path:
+    """A SQLite journal file, for what only the file engine has (permissions, WAL, the file's schema)."""
     return tmp_path / "state" / "journal.sqlite3"
+
+
+@pytest.fixture
+def location(journal_location: str) -> str:
+    """The journal of a contract test: a SQLite file, then a PostgreSQL database."""
+    return journal_location
 
 
 # -------------------------------------------------------------------------- file and connection
@@ -201,7 +209,7 @@ def test_schema_version(path):
 def _version_1_journal(path: Path, item: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = raw(path)
-    for statement in journal_mod._MIGRATIONS[1]:
+    for statement in journal_mod.schema.SQLITE_MIGRATIONS[1]:
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
     rows = [
@@ -435,7 +443,7 @@ def test_cloud_sync_folders_are_detected(tmp_path, mounts, fake_mountinfo, folde
 
 
 def test_journal_on_a_network_filesystem_is_refused_unless_allowed(mounts, fake_mountinfo, monkeypatch):
-    monkeypatch.setattr(journal_mod, "network_location_reason",
+    monkeypatch.setattr(journal_mod.sqlite, "network_location_reason",
                         functools.partial(_fs.network_location_reason, mountinfo=fake_mountinfo))
     target = mounts["nfs"] / "airflow" / "journal.sqlite3"
     with pytest.raises(JournalLocationError) as info:
@@ -470,16 +478,14 @@ def test_real_mount_table_dropbox_folder_is_refused(tmp_path):
 # ------------------------------------------------------------------------------------------ prune
 
 
-def _age(path: Path, job_id: str, days: float) -> None:
-    conn = raw(path)
-    conn.execute("UPDATE jobs SET updated_at = updated_at - ? WHERE job_id = ?", (days * 86400, job_id))
-    conn.close()
+def _age(location: str, job_id: str, days: float) -> None:
+    backends.execute(location, "UPDATE jobs SET updated_at = updated_at - ? WHERE job_id = ?", (days * 86400, job_id))
 
 
-def test_prune(path):
+def test_prune(location):
     receiver = Receiver()
     a = {"id": "a"}
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         for job in ("old/done", "new/done", "old/held", "old/failed-send", "old/changed", "old/local-failed",
                     "old/running"):
             run_batch(journal, job, [a], receiver.steps())
@@ -504,7 +510,7 @@ def test_prune(path):
         old = ("old/done", "old/held", "old/failed-send", "old/changed", "old/local-failed", "old/running",
                "old/in-flight")
         for job in old:
-            _age(path, job, 40)
+            _age(location, job, 40)
 
         with pytest.raises(ValueError):
             journal.prune(timedelta(days=-1))
@@ -518,7 +524,8 @@ def test_prune(path):
             assert journal.prune(timedelta(days=30)) == ["old/done"]
         assert journal.rows("old/done") == []
         assert {j: journal.rows(j) for j in kept} == before_rows
-        assert not Path(journal._lock_path("old/done")).exists()
+        if journal.kind == "sqlite":
+            assert not Path(journal._lock_path("old/done")).exists()
         summaries = {j.job_id: j for j in journal.jobs()}
         assert summaries["old/done"].pruned_at is not None and summaries["old/done"].items == 0
         assert all(s.pruned_at is None for j, s in summaries.items() if j != "old/done")
@@ -549,21 +556,21 @@ def test_prune(path):
         assert receiver.count("b") == 1
 
 
-def test_prune_keeps_unresolved_rows_ignoring_age(path):
+def test_prune_keeps_unresolved_rows_ignoring_age(location):
     """A direct check of the rule: jobs with open rows survive prune(0) and an aged prune alike."""
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         with journal.open_job("crashed") as run:
             run.mark_in_flight("x", "notify", digest_of({"id": "x"}))
-        _age(path, "crashed", 1000)
+        _age(location, "crashed", 1000)
         assert journal.prune(timedelta(0)) == []
         assert journal.job("crashed").unresolved == 1
         assert [r.status for r in journal.rows("crashed")] == [Status.IN_FLIGHT]
 
 
-def test_a_run_over_an_empty_batch_is_remembered(path):
+def test_a_run_over_an_empty_batch_is_remembered(location):
     """The operator's wrong-worker guard asks has_job() on a retry: a job that ran here, even with
     nothing to do, has been seen by this journal."""
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         result = run_batch(journal, "empty/job", [], Receiver().steps())
         assert (result.status, result.items_total) == ("completed", 0)
         assert journal.has_job("empty/job")
@@ -622,10 +629,10 @@ def test_audit_log_cannot_be_rewritten_with_insert_or_replace(path):
 # ------------------------------------------------------------------------------------- read API
 
 
-def test_read_api(path):
+def test_read_api(location):
     receiver = Receiver()
     t0 = datetime.now(timezone.utc)
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         a, b, c_old, c_new = {"id": "a", "n": 1}, {"id": "b", "n": 2}, {"id": "c", "n": 3, "break": "transform"}, \
             {"id": "c", "n": 3}
         with pytest.raises(KeyError):  # a done; c's local transform fails
@@ -713,9 +720,9 @@ def test_read_api(path):
         assert receiver.count("b") == 1 and receiver.count("c") == 1 and receiver.count("a") == 1
 
 
-def test_digest_ignores_key_order_and_whitespace(path):
+def test_digest_ignores_key_order_and_whitespace(location):
     receiver = Receiver()
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         run_batch(journal, JOB, [{"id": "a", "x": 1, "y": [1, 2]}], receiver.steps())
         again = run_batch(journal, JOB, [{"y": [1, 2], "x": 1, "id": "a"}], receiver.steps())
         assert (again.executed_steps, again.skipped_steps, again.held) == (0, 3, [])
@@ -729,10 +736,10 @@ def test_digest_ignores_key_order_and_whitespace(path):
 
 
 @pytest.mark.parametrize("use_new_input", [False, True])
-def test_input_change_is_held_then_resolved(path, use_new_input):
+def test_input_change_is_held_then_resolved(location, use_new_input):
     receiver = Receiver()
     old, new = {"id": "x", "amount": 100}, {"id": "x", "amount": 250}
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         run_batch(journal, JOB, [old, {"id": "y"}], receiver.steps())
         held = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps())
         assert held.held == [HeldStep(JOB, "x", "validate", HeldReason.INPUT_CHANGED)]
@@ -767,9 +774,9 @@ def test_input_change_is_held_then_resolved(path, use_new_input):
         assert receiver.count("x") == (2 if use_new_input else 1)
 
 
-def test_input_going_back_releases_the_hold(path):
+def test_input_going_back_releases_the_hold(location):
     receiver = Receiver()
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps())
         assert run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps()).held
         assert journal.held(JOB)
@@ -779,12 +786,12 @@ def test_input_going_back_releases_the_hold(path):
     assert receiver.count("x") == 1
 
 
-def test_keep_previous_input_keeps_an_unknown_outcome_hold(path):
+def test_keep_previous_input_keeps_an_unknown_outcome_hold(location):
     """An item whose send outcome is unknown AND whose input changed: adopting the input does not
     settle the send - it stays held until someone asks the receiver."""
     receiver = Receiver()
     receiver.fail.add("x")
-    with StepJournal(path) as journal:
+    with StepJournal(location) as journal:
         with pytest.raises(TimeoutError):
             run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps())
         changed = run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps())

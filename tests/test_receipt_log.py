@@ -179,7 +179,8 @@ def test_upserts_fit_an_old_sqlite_variable_limit(tmp_path):
 
 
 def test_a_run_waits_out_a_fold_that_holds_its_lock_for_a_moment(tmp_path):
-    from airflow_resumable.journal import _FOLD_RUNNER, _JobLock
+    from airflow_resumable.journal.base import FOLD_RUNNER as _FOLD_RUNNER
+    from airflow_resumable.journal.sqlite import JobLock as _JobLock
 
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         fold = _JobLock(journal._lock_path(JOB), JOB, journal.path, runner=_FOLD_RUNNER)

@@ -5,6 +5,7 @@ the exception's message must reach no byte of the journal: not the database file
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,69 @@ def test_the_byte_scan_finds_a_token_that_was_written(tmp_path):
         run_batch(journal, JOB, ITEMS[:2], steps(fail_in="none", leak_output=canary))
         assert "journal.sqlite3-wal" in leaks(journal_bytes(path), canary)
     assert leaks(journal_bytes(path), canary) == ["journal.sqlite3"]
+
+
+# ------------------------------------------------------------------------------------- PostgreSQL
+
+
+def postgres_bytes(postgres) -> dict[str, bytes]:
+    """Every byte the PostgreSQL cluster keeps: its WAL and its data files (our own throwaway cluster)."""
+    found: dict[str, bytes] = {}
+    for file in sorted(Path(postgres.cluster.data).rglob("*")):
+        if file.is_file() and file.name not in ("postmaster.pid",):
+            found[str(file.relative_to(postgres.cluster.data))] = file.read_bytes()
+    return found
+
+
+@pytest.mark.parametrize("fail_in", ["notify", "validate"])
+def test_secret_in_an_exception_message_never_reaches_a_postgres_journal(postgres, postgres_url, caplog, fail_in):
+    if postgres.cluster is None:
+        pytest.skip("the byte scan needs the test session's own cluster (RESUMABLE_TEST_POSTGRES_URL is set)")
+    caplog.set_level(logging.DEBUG)
+    with StepJournal(postgres_url) as journal:
+        with pytest.raises(PaymentGatewayError) as info:
+            run_batch(journal, JOB, ITEMS, steps(fail_in=fail_in))
+        assert SECRET in str(info.value)
+        failed = {r.step: r for r in journal.rows(JOB, "item-3")}[fail_in]
+        assert failed.status == Status.FAILED and failed.error_type == "PaymentGatewayError"
+        if fail_in == "notify":
+            second = run_batch(journal, JOB, ITEMS, steps(fail_in="none"))
+            assert second.held == [HeldStep(JOB, "item-3", "notify", HeldReason.UNKNOWN_OUTCOME)]
+            journal.resolve(JOB, "item-3", "notify", delivered=False, resolved_by="oncall")
+        assert run_batch(journal, JOB, ITEMS, steps(fail_in="none")).status == "completed"
+    # The WAL holds every value the journal ever wrote; the error type is there, the secret is not.
+    written = postgres_bytes(postgres)
+    assert any(b"PaymentGatewayError" in data for name, data in written.items() if name.startswith("pg_wal"))
+    assert leaks(written, SECRET) == []
+    assert SECRET not in caplog.text
+
+
+def test_the_postgres_byte_scan_finds_a_token_that_was_written(postgres, postgres_url):
+    """Control: a token in a step output is journaled, and the scan of the cluster's files finds it."""
+    if postgres.cluster is None:
+        pytest.skip("the byte scan needs the test session's own cluster (RESUMABLE_TEST_POSTGRES_URL is set)")
+    canary = f"canary_PG_{os.getpid()}_789"
+    with StepJournal(postgres_url) as journal:
+        run_batch(journal, JOB, ITEMS[:2], steps(fail_in="none", leak_output=canary))
+    assert any(name.startswith("pg_wal") for name in leaks(postgres_bytes(postgres), canary))
+
+
+def test_the_database_password_is_never_shown(postgres, postgres_url, caplog):
+    """A journal URL carries a password: repr, location, errors and logs name the server, never the password."""
+    from airflow_resumable.journal import JournalConnectionError
+    from tests.postgres_server import free_port
+
+    password = "pw_SECRET_777"
+    caplog.set_level(logging.DEBUG)
+    url = f"postgresql://someone:{password}@127.0.0.1:{free_port()}/nowhere"  # nothing listens there
+    with pytest.raises(JournalConnectionError) as info:
+        StepJournal(url, connect_timeout=2)
+    assert password not in str(info.value) and "127.0.0.1" in str(info.value)
+    context = info.value.__context__
+    assert context is None or password not in str(context)
+    # An open journal says where it is without the password.
+    with_password = postgres_url.replace("postgresql://postgres@", f"postgresql://postgres:{password}@")
+    with StepJournal(with_password) as journal:
+        assert password not in repr(journal) and password not in journal.location
+        assert "postgres@127.0.0.1" in journal.location
+    assert password not in caplog.text

@@ -1,0 +1,54 @@
+"""The step journal: per job, item and step, what was done - on SQLite or PostgreSQL.
+
+``StepJournal(path)`` opens a SQLite file on the worker's disk (the embedded default);
+``StepJournal("postgresql://...")`` a schema in a PostgreSQL database that every worker reaches.
+The runner talks to both through :class:`JobRun`; the engines differ only below the seam described
+in :mod:`airflow_resumable.journal.backend`. This package imports nothing from Airflow.
+"""
+
+from airflow_resumable.journal.base import StepJournal, is_postgres_url
+from airflow_resumable.journal.errors import (
+    JobBusyError,
+    JobPrunedError,
+    JournalConnectionError,
+    JournalCorruptError,
+    JournalError,
+    JournalLocationError,
+    JournalVersionError,
+    NotHeldError,
+    ResolutionError,
+)
+from airflow_resumable.journal.jobrun import JobRun
+from airflow_resumable.journal.records import (
+    HeldReason,
+    HeldStep,
+    JobSummary,
+    Resolution,
+    Status,
+    StepRecord,
+    StepState,
+)
+from airflow_resumable.journal.schema import SCHEMA_VERSION
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "HeldReason",
+    "HeldStep",
+    "JobBusyError",
+    "JobPrunedError",
+    "JobRun",
+    "JobSummary",
+    "JournalConnectionError",
+    "JournalCorruptError",
+    "JournalError",
+    "JournalLocationError",
+    "JournalVersionError",
+    "NotHeldError",
+    "ResolutionError",
+    "Resolution",
+    "Status",
+    "StepJournal",
+    "StepRecord",
+    "StepState",
+    "is_postgres_url",
+]

@@ -1,0 +1,359 @@
+"""The journal's API, written once over the engine primitives of :mod:`.backend`."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Literal
+
+from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.backend import Claim, ReceiptLog, Tx
+from airflow_resumable.journal.errors import (
+    JobBusyError,
+    JournalLocationError,
+    NotHeldError,
+    ResolutionError,
+)
+from airflow_resumable.journal.records import (
+    HeldReason,
+    HeldStep,
+    JobSummary,
+    Resolution,
+    Status,
+    StepRecord,
+    step_record,
+    ts,
+)
+
+if TYPE_CHECKING:
+    from airflow_resumable.journal.jobrun import JobRun
+
+Durability = Literal["full", "normal"]
+
+POSTGRES_SCHEMES = ("postgresql://", "postgres://")
+
+# Who holds a job only for one short transaction: a runner finding them waits instead of failing.
+FOLD_RUNNER, RESOLUTION_RUNNER = "receipt log fold", "resolution"
+BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER)
+
+
+def is_postgres_url(location: object) -> bool:
+    return isinstance(location, str) and location.lower().startswith(POSTGRES_SCHEMES)
+
+
+class StepJournal:
+    """The step journal: per job, item and step, what was done.
+
+    ``StepJournal(location, ...)`` opens a SQLite file when ``location`` is a path, and a
+    PostgreSQL schema when it is a ``postgresql://`` or ``postgres://`` URL (a shared journal that
+    every worker reaches). Both have the same methods, records, errors and guarantees.
+
+    :param location: a filesystem path, or a libpq URL.
+    :param durability: ``"full"`` (default): the ``IN_FLIGHT`` mark of every send is on stable
+        storage before the send starts. ``"normal"``: it survives the runner being killed, but not
+        power loss or a crash of the OS (SQLite) or of the database server (PostgreSQL).
+
+    SQLite only: ``allow_network_filesystem``, ``busy_timeout``. PostgreSQL only: ``schema``
+    (default ``resumable``), ``claim_timeout`` (seconds within which a runner that vanished or was
+    cut off from the server loses its claim on a job, default 30), ``connect_timeout``.
+    """
+
+    location: str
+    journal_id: str
+    kind: str  # "sqlite" | "postgresql"
+
+    def __new__(cls, location: str | os.PathLike[str], *args: Any, **kwargs: Any) -> StepJournal:
+        if cls is StepJournal:
+            if is_postgres_url(location):
+                from airflow_resumable.journal.postgres import PostgresJournal
+
+                return super().__new__(PostgresJournal)
+            if isinstance(location, str) and "://" in location:
+                raise JournalLocationError(
+                    f"journal location {location.split('://', 1)[0]}://... is not supported: give a file "
+                    "path (SQLite) or a postgresql:// URL"
+                )
+            from airflow_resumable.journal.sqlite import SqliteJournal
+
+            return super().__new__(SqliteJournal)
+        return super().__new__(cls)
+
+    def __init__(self, durability: Durability) -> None:
+        if durability not in ("full", "normal"):
+            raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
+        self.durability: Durability = durability
+        self.commit_count = 0  # write transactions committed; benchmarks and tests read them
+        self.durable_commit_count = 0  # of which made durable before returning (full durability)
+
+    # -- engine primitives (see backend.JournalBackend) ---------------------------------------
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        raise NotImplementedError
+
+    def _write(self, *, durable: bool) -> contextlib.AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def _scratch(self) -> contextlib.AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
+        raise NotImplementedError
+
+    def _recover(self, job_id: str) -> None:
+        return None
+
+    def _receipt_log(self, job_id: str) -> ReceiptLog | None:
+        return None
+
+    def _seen_table_ddl(self, table: str) -> str:
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> StepJournal:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"StepJournal({self.location!r}, durability={self.durability!r})"
+
+    # -- running a job ------------------------------------------------------------------------
+
+    def open_job(self, job_id: str, *, runner: str | None = None) -> JobRun:
+        """Claim ``job_id`` for one runner (at once, or :class:`JobBusyError`)."""
+        from airflow_resumable.journal.jobrun import JobRun
+
+        return JobRun(self, job_id, runner=runner)
+
+    def has_job(self, job_id: str) -> bool:
+        return bool(self._read(sql.JOB_EXISTS, (job_id,)))
+
+    # -- read API -----------------------------------------------------------------------------
+
+    def jobs(self) -> list[JobSummary]:
+        """Every job with per-status row counts, newest first."""
+        return self._job_summaries("", ())
+
+    def job(self, job_id: str) -> JobSummary | None:
+        found = self._job_summaries("WHERE j.job_id = ?", (job_id,))
+        return found[0] if found else None
+
+    def _job_summaries(self, where: str, params: Sequence[Any]) -> list[JobSummary]:
+        return [
+            JobSummary(
+                job_id=r[0],
+                created_at=ts(r[1]),
+                updated_at=ts(r[2]),
+                pruned_at=None if r[3] is None else ts(r[3]),
+                counts={"IN_FLIGHT": int(r[6]), "SUCCEEDED": int(r[7]), "FAILED": int(r[8])},
+                items=int(r[5]),
+                held=int(r[9]),
+                unresolved=int(r[10]),
+            )
+            for r in self._read(sql.JOB_SUMMARIES.format(where=where), params)
+        ]
+
+    def rows(self, job_id: str, item_id: str | None = None) -> list[StepRecord]:
+        """The job's step rows (one item's when ``item_id`` is given)."""
+        if item_id is None:
+            return [step_record(r) for r in self._read(sql.JOB_ROWS, (job_id,))]
+        return [step_record(r) for r in self._read(sql.ITEM_ROWS, (job_id, item_id))]
+
+    def held(self, job_id: str | None = None) -> list[HeldStep]:
+        """Steps the runner held for a human, in one job or in all."""
+        query, params = sql.HELD, ()
+        if job_id is not None:
+            query, params = query + " AND job_id = ?", (job_id,)
+        return [HeldStep(r[0], r[1], r[2], HeldReason(r[3])) for r in self._read(query + " ORDER BY 1, 2", params)]
+
+    def open_rows(self, job_id: str) -> list[StepRecord]:
+        """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
+        return [step_record(r) for r in self._read(sql.OPEN_ROWS, (job_id,))]
+
+    def resolutions(self, job_id: str) -> list[Resolution]:
+        """The append-only audit log of resolutions for a job, oldest first."""
+        return [
+            Resolution(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], ts(r[8]), r[9], r[10])
+            for r in self._read(sql.RESOLUTIONS, (job_id,))
+        ]
+
+    # -- resolution API -----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_person(resolved_by: object, note: object) -> None:
+        if not isinstance(resolved_by, str) or not resolved_by.strip():
+            raise ResolutionError("resolved_by is required: say who made this decision")
+        if not isinstance(note, str):
+            raise ResolutionError("note must be a string")
+        if "\x00" in resolved_by or "\x00" in note:
+            raise ResolutionError("resolved_by and note must not contain NUL characters")
+
+    @staticmethod
+    def _check_names(*names: object) -> None:
+        for name in names:
+            if not isinstance(name, str) or not name or "\x00" in name:
+                raise NotHeldError(f"{name!r} names no job, item or step: expected non-empty text without NUL; check it")
+
+    def resolve(
+        self,
+        job_id: str,
+        item_id: str,
+        step: str,
+        *,
+        delivered: bool,
+        receipt: str | None = None,
+        resolved_by: str,
+        note: str = "",
+    ) -> Resolution:
+        """Settle a side-effect step whose outcome was unknown.
+
+        ``delivered=True`` (with the receiver's ``receipt`` as evidence) marks it SUCCEEDED: it is
+        never sent again. ``delivered=False`` means the receiver confirmed it never arrived: the row
+        is cleared and the next run sends it once. If you cannot confirm either, do not call this.
+        """
+        self._check_person(resolved_by, note)
+        if not isinstance(delivered, bool):
+            raise ResolutionError("delivered must be True or False")
+        if delivered and (not isinstance(receipt, str) or not receipt.strip()):
+            raise ResolutionError(
+                "delivered=True needs the receiver's receipt as evidence; if you cannot find one, "
+                "leave the step held"
+            )
+        if receipt is not None and not isinstance(receipt, str):
+            raise ResolutionError("receipt must be a string")
+        if receipt is not None and "\x00" in receipt:
+            raise ResolutionError("receipt must not contain NUL characters")
+        self._check_names(job_id, item_id, step)
+        with self._quiet_job(job_id), self._write(durable=True) as tx:
+            found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
+            if found is None:
+                raise self._no_such_row(tx, job_id, item_id, step)
+            side_effect, status, held_reason = found
+            if not side_effect or status == Status.SUCCEEDED:
+                raise NotHeldError(
+                    f"{job_id} / {item_id} / {step} is {status}"
+                    f"{'' if side_effect else ' (a local step)'}, not an unknown-outcome send; "
+                    "there is nothing to resolve"
+                    + (" (for a changed input use resolve_input_change)" if held_reason else "")
+                )
+            now = time.time()
+            keep_reason = held_reason if held_reason == HeldReason.INPUT_CHANGED else None
+            if delivered:
+                tx.run(sql.RESOLVE_DELIVERED,
+                       (receipt, json.dumps(receipt), keep_reason, now, job_id, item_id, step))
+            else:
+                tx.run(sql.DELETE_STEP, (job_id, item_id, step))
+            return self._audit(
+                tx, job_id, item_id, step, "delivered" if delivered else "not_delivered",
+                receipt, note, resolved_by, now, status, held_reason,
+            )
+
+    def resolve_input_change(
+        self, job_id: str, item_id: str, *, use_new_input: bool, resolved_by: str, note: str = ""
+    ) -> Resolution:
+        """Settle an item held because its input changed since it was journaled.
+
+        ``use_new_input=False`` (keep previous): the new input is taken as already handled; the next
+        run skips the item. ``use_new_input=True``: the item's rows are cleared and the next run
+        processes the new input from scratch (its side effects are sent again).
+        """
+        self._check_person(resolved_by, note)
+        if not isinstance(use_new_input, bool):
+            raise ResolutionError("use_new_input must be True or False")
+        self._check_names(job_id, item_id)
+        with self._quiet_job(job_id), self._write(durable=True) as tx:
+            found = tx.one(sql.INPUT_CHANGE_HOLD, (job_id, item_id))
+            if found is None:
+                raise self._no_such_row(tx, job_id, item_id, None)
+            step, status, new_digest = found
+            now = time.time()
+            if use_new_input:
+                tx.run(sql.DELETE_ITEM, (job_id, item_id))
+            else:
+                tx.run(sql.KEEP_PREVIOUS_INPUT, (new_digest, now, job_id, item_id))
+            return self._audit(
+                tx, job_id, item_id, step, "use_new_input" if use_new_input else "keep_previous_input",
+                None, note, resolved_by, now, status, HeldReason.INPUT_CHANGED.value,
+            )
+
+    @contextlib.contextmanager
+    def _quiet_job(self, job_id: str) -> Iterator[None]:
+        """Hold the job's claim while resolving: never settle a row its running job is still writing.
+
+        (A send resolved "not delivered" while it is in flight would lose its receipt to the delete.)
+        """
+        try:
+            claim = self._claim(job_id, runner=RESOLUTION_RUNNER, brief=True)
+        except JobBusyError as exc:
+            busy = JobBusyError(
+                f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
+                "its held items after the run ends."
+            )
+            busy.holder, busy.runner = exc.holder, exc.runner
+            raise busy from None
+        try:
+            self._recover(job_id)
+            yield
+        finally:
+            claim.release()
+
+    def _no_such_row(self, tx: Tx, job_id: str, item_id: str, step: str | None) -> NotHeldError:
+        if tx.one(sql.JOB_EXISTS, (job_id,)) is None:
+            return NotHeldError(f"unknown job {job_id!r} in journal {self.location}; check the job_id")
+        if tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id)) is None:
+            return NotHeldError(f"job {job_id!r} has no item {item_id!r}; check the item_id")
+        if step is None:
+            return NotHeldError(f"{job_id} / {item_id} is not held for an input change")
+        return NotHeldError(f"item {item_id!r} of job {job_id!r} has no step {step!r}; check the step name")
+
+    @staticmethod
+    def _audit(
+        tx: Tx, job_id: str, item_id: str, step: str, decision: str, receipt: str | None, note: str,
+        resolved_by: str, now: float, previous_status: str | None, previous_held_reason: str | None,
+    ) -> Resolution:
+        new_id = tx.insert_id(sql.AUDIT, (job_id, item_id, step, decision, receipt, note, resolved_by, now,
+                                          previous_status, previous_held_reason))
+        tx.run(sql.JOB_UPDATED, (now, job_id))
+        return Resolution(new_id, job_id, item_id, step, decision, receipt, note, resolved_by, ts(now),
+                          previous_status, previous_held_reason)
+
+    # -- housekeeping -------------------------------------------------------------------------
+
+    def prune(self, older_than: timedelta) -> list[str]:
+        """Forget finished jobs not updated for ``older_than``; returns the pruned job ids.
+
+        A job is finished when every row is SUCCEEDED and nothing is held. A job with held or
+        unresolved rows, or one running right now, is never pruned. A pruned job leaves a tombstone:
+        running it again under the same job_id is refused (it would re-send everything).
+        """
+        if not isinstance(older_than, timedelta) or older_than < timedelta(0):
+            raise ValueError("older_than must be a non-negative datetime.timedelta, e.g. timedelta(days=30)")
+        cutoff = time.time() - older_than.total_seconds()
+        pruned: list[str] = []
+        for (job_id,) in self._read(sql.PRUNE_CANDIDATES, (cutoff,)):
+            try:
+                claim = self._claim(job_id, runner="prune")
+            except JobBusyError:
+                continue  # running right now: not finished after all
+            try:
+                with self._write(durable=True) as tx:
+                    # Re-check inside the transaction: a run may have finished in between.
+                    if tx.one(sql.JOB_STILL_FINISHED, (job_id,)) is None:
+                        continue
+                    tx.run(sql.DELETE_JOB_STEPS, (job_id,))
+                    tx.run(sql.MARK_PRUNED, (time.time(), job_id))
+                pruned.append(job_id)
+            finally:
+                claim.release(remove=True)
+        return pruned

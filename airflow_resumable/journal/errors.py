@@ -1,0 +1,46 @@
+"""Every error the journal raises, under one root a caller can catch."""
+
+from __future__ import annotations
+
+
+class JournalError(Exception):
+    """Base class of every error the journal raises."""
+
+
+class JobBusyError(JournalError):
+    """Another runner holds this job right now; nothing was sent."""
+
+    holder = "holder unknown"  # who holds the job: pid, host, since when, which runner
+    runner: str | None = None  # the holder's runner name, as it took the claim
+
+
+class JobPrunedError(JournalError):
+    """The job's history was pruned; running it again under the same job_id would re-send all."""
+
+
+class JournalLocationError(JournalError):
+    """The journal location is unusable: a network filesystem, or a URL that is not a journal's."""
+
+
+class JournalCorruptError(JournalError):
+    """The journal is not a readable step journal."""
+
+
+class JournalVersionError(JournalError):
+    """The journal was written by a newer version of this provider."""
+
+
+class JournalConnectionError(JournalError):
+    """The journal's database server cannot be reached, or the connection to it was lost.
+
+    A runner that lost its connection has lost its claim on the job with it: it starts no further
+    send. Sends that were in flight stay IN_FLIGHT, to be verified or held by the next run.
+    """
+
+
+class NotHeldError(JournalError, ValueError):
+    """The step to resolve does not exist or is not held / unresolved."""
+
+
+class ResolutionError(JournalError, ValueError):
+    """A resolution was asked for with missing or malformed arguments."""

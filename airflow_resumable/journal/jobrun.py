@@ -1,0 +1,328 @@
+"""The writer side: what a runner holds while it runs one job."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.backend import Claim, Tx
+from airflow_resumable.journal.base import BRIEF_HOLDERS, StepJournal
+from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
+from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
+
+# Buffered rows are written as multi-row upserts of at most this many rows (one statement each):
+# executemany would release and re-take the GIL per row, and sends on other threads want it.
+UPSERT_ROWS_PER_STATEMENT = 250
+# Rows looked up per query when the runner resumes (well under every engine's parameter limit).
+LOOKUP_CHUNK = 500
+# How long a runner waits out a brief holder of its job (a resolution, a receipt-log fold).
+FOLD_WAIT_SECONDS = 5.0
+
+Record = tuple[str, tuple[Any, ...]]
+
+
+def _step_key(params: Sequence[Any]) -> tuple[Any, Any, Any]:
+    return params[0], params[1], params[2]
+
+
+def upsert_many(tx: Tx, rows: Sequence[Sequence[Any]]) -> None:
+    """Upsert ``rows`` in as few statements as the engine allows.
+
+    A statement never carries the same step twice (PostgreSQL refuses to update one row twice in a
+    statement); the rows are applied in order, as if one by one.
+    """
+    limit = max(1, min(UPSERT_ROWS_PER_STATEMENT, tx.max_params // sql.UPSERT_VALUES_PER_ROW))
+    part: list[Sequence[Any]] = []
+    keys: set[tuple[Any, Any, Any]] = set()
+    for row in rows:
+        key = _step_key(row)
+        if len(part) == limit or key in keys:
+            tx.run(sql.upsert_rows(len(part)), [value for r in part for value in r])
+            part, keys = [], set()
+        part.append(row)
+        keys.add(key)
+    if part:
+        tx.run(sql.upsert_rows(len(part)), [value for r in part for value in r])
+
+
+class JobRun:
+    """What a runner holds while it runs one job: the job's claim and a buffer of pending records.
+
+    Records are buffered and written in one short transaction at the next commit point, so no
+    write transaction stays open while user code runs (other jobs sharing the journal never wait
+    on ours). The runner makes ``IN_FLIGHT`` marks commit points: it calls :meth:`flush` with
+    ``durable=True`` after :meth:`mark_in_flight` and before the send starts, so the mark is
+    committed - durably under full durability - together with everything buffered. Several marks
+    buffered before one such flush share its commit (group commit).
+    """
+
+    # Commit buffered records at least this often even if no send comes along.
+    FLUSH_ROWS = 1000
+    FLUSH_SECONDS = 1.0
+    # A receipt log past this size is emptied after the next commit (all of it is committed then).
+    RECEIPT_LOG_LIMIT = 1 << 20
+
+    def __init__(self, journal: StepJournal, job_id: str, *, runner: str | None) -> None:
+        self.journal = journal
+        self.job_id = job_id
+        self._pending: list[Record] = []
+        self._last_flush = time.monotonic()
+        self._claim = self._take_claim(journal, job_id, runner)
+        self._seen_table = f"seen_{uuid.uuid4().hex}"
+        try:
+            found = journal._read(sql.JOB_PRUNED_AT, (job_id,))
+            if found and found[0][0] is not None:
+                raise JobPrunedError(
+                    f"job {job_id!r} was pruned from journal {journal.location} on "
+                    f"{ts(found[0][0]):%Y-%m-%d}; its history is gone, so running it again would "
+                    "re-send every item. Use a new job_id only if sending everything again is intended."
+                )
+            # Every item id of this run with its digest (to refuse a repeated id across chunks
+            # without holding a million ids in memory); rows after _chunk_start are the current chunk.
+            with journal._scratch() as tx:
+                tx.run(journal._seen_table_ddl(self._seen_table))
+            # A job with no rows yet cannot have finished items: its first run skips the bulk check.
+            self._new_job = not journal._read(sql.JOB_HAS_ROWS, (job_id,))
+            # A previous run of this job that died left its receipts behind: commit them before deciding.
+            journal._recover(job_id)
+            self._receipts = journal._receipt_log(job_id)
+        except BaseException:
+            self._claim.release()
+            raise
+        self._chunk_start = 0
+        self._chunk_ids: list[str] = []
+        self._last_touch = 0.0
+        self._receipts_unwritten: list[bytes] = []
+        self._receipts_uncommitted = False  # a receipt awaits its commit (engines without a receipt log)
+        self._receipt_bytes = 0
+        self._flush_failed = False
+        # The jobs row is written with the first flushed record, so a run refused before it
+        # touched anything (bad input) leaves the journal exactly as it was.
+        self._runner = runner
+        self._flushed = False
+
+    @staticmethod
+    def _take_claim(journal: StepJournal, job_id: str, runner: str | None) -> Claim:
+        # Another process may hold the job for a moment to fold its receipt log or to resolve one
+        # of its items: wait that out rather than fail the try. A running runner fails us at once.
+        deadline = time.monotonic() + FOLD_WAIT_SECONDS
+        while True:
+            try:
+                return journal._claim(job_id, runner=runner)
+            except JobBusyError as exc:
+                if exc.runner not in BRIEF_HOLDERS or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def lookup(self, item_ids: Sequence[str]) -> dict[str, dict[str, StepState]]:
+        """The journal's rows of these items: ``{item_id: {step: StepState}}``."""
+        found: dict[str, dict[str, StepState]] = {}
+        if self._new_job:
+            return found  # ids are unique within a run: only this run could have written them
+        for start in range(0, len(item_ids), LOOKUP_CHUNK):
+            part = item_ids[start:start + LOOKUP_CHUNK]
+            for item_id, step, status, digest, output, held_reason in self.journal._read(
+                sql.lookup_rows(len(part)), (self.job_id, *part)
+            ):
+                found.setdefault(item_id, {})[step] = StepState(
+                    Status(status), digest, output, None if held_reason is None else HeldReason(held_reason)
+                )
+        return found
+
+    def admit(self, chunk: Sequence[tuple[str, str]]) -> list[str]:
+        """Take the next chunk's ``(item_id, digest)`` pairs; return ids an earlier chunk already had.
+
+        When nothing is repeated the chunk becomes the current one for :meth:`unfinished`.
+        """
+        table = self._seen_table
+        with self.journal._scratch() as tx:
+            row = tx.one(sql.SEEN_MAX.format(table=table))
+            start = (row[0] if row else None) or 0
+            added = tx.many(sql.SEEN_INSERT.format(table=table), chunk)
+            if added != len(chunk):
+                tx.run(sql.SEEN_DELETE_AFTER.format(table=table), (start,))
+                ids = [item_id for item_id, _ in chunk]
+                return [r[0] for r in tx.all(sql.seen_repeated(table, len(ids)), ids)]
+        self._chunk_start = start
+        self._chunk_ids = [item_id for item_id, _ in chunk]
+        return []
+
+    def unfinished(self, steps: Sequence[str]) -> set[str]:
+        """Ids of the current chunk that are not finished with the input just admitted.
+
+        Finished means: a SUCCEEDED row with the same digest and no hold for every one of ``steps``
+        (the decision table's "skip" for each). Asked in one query per chunk, so resuming a finished
+        job reads no rows into Python at all.
+        """
+        if self._new_job:
+            return set(self._chunk_ids)
+        return {
+            r[0]
+            for r in self.journal._read(
+                sql.seen_unfinished(self._seen_table, len(steps)),
+                (self._chunk_start, len(steps), self.job_id, *steps),
+            )
+        }
+
+    # -- records --------------------------------------------------------------------------------
+
+    def _row(
+        self, item_id: str, step: str, side_effect: bool, status: Status, digest: str, *,
+        receipt: str | None = None, output: str | None = None, error_type: str | None = None,
+        attempts: int = 0,
+    ) -> Record:
+        now = time.time()
+        return sql.UPSERT, (
+            self.job_id, item_id, step, int(side_effect), status.value, digest, receipt, output,
+            error_type, attempts, now, now,
+        )
+
+    def mark_in_flight(self, item_id: str, step: str, digest: str) -> None:
+        """Buffer the IN_FLIGHT mark of a send; ``flush(durable=True)`` it *before* the send starts."""
+        self._pending.append(self._row(item_id, step, True, Status.IN_FLIGHT, digest, attempts=1))
+
+    def mark_succeeded(
+        self, item_id: str, step: str, digest: str, *, side_effect: bool, output: str,
+        receipt: str | None, verified: bool = False, log_receipt: bool = False,
+    ) -> None:
+        """Buffer a SUCCEEDED row; with ``log_receipt``, :meth:`write_receipts` puts the send's
+        receipt in the receipt log (where the engine has one), so that it survives the process
+        dying before the next commit."""
+        # A local step has no IN_FLIGHT row of its own (it is re-run whatever its state), so its
+        # attempt is counted here; a send's attempt was counted by its IN_FLIGHT mark.
+        attempts = 0 if side_effect else 1
+        self._pending.append(
+            self._row(item_id, step, side_effect, Status.SUCCEEDED, digest, receipt=receipt,
+                      output=output, attempts=attempts)
+        )
+        if log_receipt:
+            if self._receipts is None:
+                self._receipts_uncommitted = True
+            else:
+                line = json.dumps([self.job_id, item_id, step, digest, output, receipt, time.time()],
+                                  ensure_ascii=False, separators=(",", ":"))
+                self._receipts_unwritten.append(line.encode("utf-8") + b"\n")
+        self._maybe_flush()
+
+    def write_receipts(self) -> None:
+        """Make the receipts recorded since the last commit survive this process being killed:
+        call it before any further user code runs. With a receipt log: one write, no commit.
+        Without one: a commit that need not be durable (the engine's cheap commit)."""
+        if self._receipts is None:
+            if self._receipts_uncommitted:
+                self.flush(durable=False)
+            return
+        if not self._receipts_unwritten:
+            return
+        data = b"".join(self._receipts_unwritten)
+        self._receipts_unwritten.clear()
+        self._receipts.write(data)  # one write: a kill leaves whole lines and at most one torn
+        self._receipt_bytes += len(data)
+
+    def mark_failed(self, item_id: str, step: str, digest: str, *, side_effect: bool, error_type: str) -> None:
+        self._pending.append(
+            self._row(item_id, step, side_effect, Status.FAILED, digest, error_type=error_type,
+                      attempts=0 if side_effect else 1)
+        )
+        self.flush(durable=False)
+
+    def hold(self, item_id: str, step: str, reason: HeldReason, *, new_digest: str | None = None) -> None:
+        self._pending.append((sql.HOLD, (reason.value, new_digest, time.time(), self.job_id, item_id, step)))
+        self._maybe_flush()
+
+    def release_hold(self, item_id: str, step: str) -> None:
+        """The input went back to what was journaled: the input_changed hold no longer applies."""
+        self._pending.append((sql.HOLD, (None, None, time.time(), self.job_id, item_id, step)))
+        self._maybe_flush()
+
+    def _maybe_flush(self) -> None:
+        if len(self._pending) >= self.FLUSH_ROWS or time.monotonic() - self._last_flush >= self.FLUSH_SECONDS:
+            self.flush(durable=False)
+
+    def flush(self, *, durable: bool = False) -> None:
+        if not self._pending:
+            return
+        records, self._pending = self._pending, []
+        now = time.time()
+        pending = list(records)
+        # The job's last update needs no finer grain than this (close() touches it at the end).
+        touch = now - self._last_touch >= self.FLUSH_SECONDS
+        if touch:
+            pending.append(self._touch(now))
+        try:
+            self._commit(pending, durable)
+        except BaseException:
+            # Nothing was written. Keep the records (a delivered send's SUCCEEDED among them) for
+            # the next flush - close() flushes once more - but not the IN_FLIGHT marks: a mark is
+            # buffered just before its send, and that send will not start now.
+            kept = [r for r in records if not (r[0] is sql.UPSERT and r[1][4] == Status.IN_FLIGHT.value)]
+            self._pending = kept + self._pending
+            self._flush_failed = True
+            raise
+        self._receipts_unwritten.clear()  # committed: the log need not hear of them
+        self._receipts_uncommitted = False
+        self._last_flush = time.monotonic()
+        if touch:
+            self._last_touch = now
+        self._flushed = True
+        if self._receipts is not None and self._receipt_bytes > self.RECEIPT_LOG_LIMIT:
+            self._receipts.committed()
+            self._receipt_bytes = 0
+
+    def _touch(self, now: float) -> Record:
+        return sql.TOUCH_JOB, (self.job_id, now, now, self._runner)
+
+    def _commit(self, pending: list[Record], durable: bool) -> None:
+        with self.journal._write(durable=durable) as tx:
+            # Consecutive records of one kind go in one statement (upserts) or one executemany.
+            start = 0
+            while start < len(pending):
+                statement = pending[start][0]
+                end = start
+                while end < len(pending) and pending[end][0] == statement:
+                    end += 1
+                if statement is sql.UPSERT:
+                    upsert_many(tx, [params for _, params in pending[start:end]])
+                else:
+                    tx.many(statement, [params for _, params in pending[start:end]])
+                start = end
+
+    def close(self) -> None:
+        try:
+            if self.journal.closed:
+                return  # the journal went first: nothing can be written, the claim is freed below
+            if self._pending or self._flushed:
+                self._pending.append(self._touch(time.time()))  # the job's last update: this run's end
+            self.flush(durable=False)
+            # Every receipt is committed now; a failed flush above keeps the log for the next
+            # open to fold. After an earlier failed flush, fold it anyway (harmless if done).
+            if self._receipts is not None:
+                if self._flush_failed:
+                    self.journal._recover(self.job_id)
+                self._receipts.discard()
+                self._receipts = None
+            try:
+                with self.journal._scratch() as tx:
+                    tx.run(f"DROP TABLE IF EXISTS {self._seen_table}")
+            except Exception:  # noqa: BLE001, S110 - a temporary table goes with the connection anyway
+                pass
+        finally:
+            if self._receipts is not None:
+                self._receipts.close()  # kept on disk: the next open folds it
+            self._claim.release()
+
+    def __enter__(self) -> JobRun:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        if exc_type is None and not self._flushed:
+            # A run that finished without writing a row (an empty batch) is still remembered, so
+            # the wrong-worker guard knows this journal has seen the job.
+            self._pending.append(self._touch(time.time()))
+        self.close()

@@ -1,0 +1,118 @@
+"""What the journal hands out: states, reasons and records (frozen dataclasses, no tuples)."""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, NamedTuple
+
+
+class Status(str, enum.Enum):
+    IN_FLIGHT = "IN_FLIGHT"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class HeldReason(str, enum.Enum):
+    UNKNOWN_OUTCOME = "unknown_outcome"
+    INPUT_CHANGED = "input_changed"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    job_id: str
+    item_id: str
+    step: str
+    side_effect: bool
+    status: Status
+    digest: str
+    receipt: str | None
+    output: Any
+    error_type: str | None
+    held_reason: HeldReason | None
+    new_digest: str | None
+    attempts: int
+    created_at: datetime
+    updated_at: datetime
+
+
+class StepState(NamedTuple):
+    """The part of a step's row the runner's decision table reads (``output`` still JSON text)."""
+
+    status: Status
+    digest: str
+    output: str | None
+    held_reason: HeldReason | None
+
+
+@dataclass(frozen=True)
+class HeldStep:
+    job_id: str
+    item_id: str
+    step: str
+    reason: HeldReason
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    job_id: str
+    counts: Mapping[str, int]  # rows per status
+    items: int
+    held: int  # rows with a held reason
+    unresolved: int  # side-effect rows neither SUCCEEDED nor held (e.g. left IN_FLIGHT by a crash)
+    created_at: datetime
+    updated_at: datetime
+    pruned_at: datetime | None
+
+    @property
+    def settled(self) -> bool:
+        return self.held == 0 and self.unresolved == 0
+
+
+@dataclass(frozen=True)
+class Resolution:
+    id: int
+    job_id: str
+    item_id: str
+    step: str
+    decision: str
+    receipt: str | None
+    note: str
+    resolved_by: str
+    resolved_at: datetime
+    previous_status: str | None
+    previous_held_reason: str | None
+
+
+def ts(value: float) -> datetime:
+    """A journal timestamp (seconds since the epoch, on both backends) as an aware UTC datetime."""
+    return datetime.fromtimestamp(float(value), tz=timezone.utc)
+
+
+def step_record(row: Any) -> StepRecord:
+    """A ``steps`` row selected as :data:`~airflow_resumable.journal.statements.STEP_COLUMNS`."""
+    return StepRecord(
+        job_id=row[0],
+        item_id=row[1],
+        step=row[2],
+        side_effect=bool(row[3]),
+        status=Status(row[4]),
+        digest=row[5],
+        receipt=row[6],
+        output=None if row[7] is None else json.loads(row[7]),
+        error_type=row[8],
+        held_reason=None if row[9] is None else HeldReason(row[9]),
+        new_digest=row[10],
+        attempts=int(row[11]),
+        created_at=ts(row[12]),
+        updated_at=ts(row[13]),
+    )

@@ -1,0 +1,467 @@
+"""The embedded engine: one SQLite file on the worker's local disk.
+
+Durability
+----------
+The connection runs WAL with ``synchronous=NORMAL``: every commit is written to the WAL before
+``COMMIT`` returns (so it survives the process being killed) but not necessarily to the disk.
+With ``durability="full"`` the journal additionally fsyncs the WAL file after every commit that
+*guards a send* (the ``IN_FLIGHT`` mark of a side-effect step) and after every resolution, before
+returning to the caller. Records that guard nothing (a local step's result, a send's ``SUCCEEDED``)
+ride along with the next fsync: losing one of them to a power cut only makes the runner redo a
+local step or verify a send again, never send twice.
+
+Claims
+------
+One runner per job: an exclusive ``flock`` on ``<journal>.locks/<job>.lock``. The kernel drops it
+when its process dies (SIGKILL included), so a dead runner's claim never needs manual cleanup.
+
+Receipt log
+-----------
+A delivered send's receipt must survive the process being killed in whatever user code runs next,
+but a SQLite commit for it would double the cost of every send. So the runner appends it to the
+job's receipt log (``<journal>.locks/<job>.receipts``, one ``write``, no fsync) and commits it with
+the next commit point. Opening the journal folds the log of any job whose runner is gone into the
+steps it names - only rows still ``IN_FLIGHT`` with the same digest - and removes it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import socket
+import sqlite3
+import stat
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from airflow_resumable._fs import network_location_reason
+from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.base import FOLD_RUNNER, Durability, StepJournal
+from airflow_resumable.journal.errors import (
+    JobBusyError,
+    JournalCorruptError,
+    JournalError,
+    JournalLocationError,
+    JournalVersionError,
+)
+from airflow_resumable.journal.records import ts
+from airflow_resumable.journal.schema import SCHEMA_VERSION, SQLITE_MIGRATIONS
+
+RECEIPT_LOG_SUFFIX = ".receipts"
+
+
+class SqliteTx:
+    """A :class:`~airflow_resumable.journal.backend.Tx` on a sqlite3 connection."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.conn = conn
+        limit = 999  # SQLite before 3.32; ask the library we run on where we can
+        if hasattr(conn, "getlimit"):  # Python 3.11+
+            limit = conn.getlimit(getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9))
+        self.max_params = limit
+
+    def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self.conn.execute(sql, params).fetchone()
+        return row
+
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        return self.conn.execute(sql, params).fetchall()
+
+    def run(self, sql: str, params: Sequence[Any] = ()) -> int:
+        return self.conn.execute(sql, params).rowcount
+
+    def many(self, sql: str, rows: Sequence[Sequence[Any]]) -> int:
+        return self.conn.executemany(sql, rows).rowcount
+
+    def insert_id(self, sql: str, params: Sequence[Any]) -> int:
+        return int(self.conn.execute(sql, params).lastrowid or 0)
+
+
+class SqliteJournal(StepJournal):
+    """A SQLite step journal on a local disk.
+
+    :param path: the journal file; its directory is created ``0700`` and the file ``0600``.
+    :param durability: ``"full"`` (default) fsyncs the ``IN_FLIGHT`` mark of every send before the
+        send starts; ``"normal"`` is WAL + ``synchronous=NORMAL`` only: safe against a killed
+        process, **not** against power loss or an OS crash.
+    :param allow_network_filesystem: open a journal on NFS/SMB/sshfs/cloud-sync anyway. SQLite's WAL
+        does not work there; only set this if you know the mount gives real POSIX locks and
+        shared memory, and never share the file between hosts.
+    :param busy_timeout: seconds a write waits for another task writing the same file.
+    """
+
+    kind = "sqlite"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        durability: Durability = "full",
+        allow_network_filesystem: bool = False,
+        busy_timeout: float = 30.0,
+        **_postgres_only: Any,
+    ) -> None:
+        super().__init__(durability)
+        self.path = Path(path).expanduser().absolute()
+        self.location = str(self.path)
+        self.fsync_count = 0  # fsyncs this journal asked for; benchmarks and tests read it
+        self._wal_fd: int | None = None
+        self._conn: sqlite3.Connection | None = None
+
+        if not allow_network_filesystem:
+            reason = network_location_reason(self.path)
+            if reason:
+                raise JournalLocationError(
+                    f"journal path {self.path} is refused: {reason}, and SQLite's WAL mode does not "
+                    "work there. Put the journal on a local disk ([resumable] journal_path), use a "
+                    "shared journal on PostgreSQL ([resumable] journal_conn_id), or pass "
+                    "allow_network_filesystem=True if you are sure the mount is safe."
+                )
+        self._create_file()
+        try:
+            self._conn = sqlite3.connect(
+                str(self.path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
+            )
+            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+            self._refuse_foreign_database()
+            mode = self._switch_to_wal(busy_timeout)
+            if str(mode).lower() != "wal":
+                raise JournalLocationError(
+                    f"journal {self.path} could not be switched to WAL mode (got {mode!r}); "
+                    "put it on a local disk."
+                )
+            self._conn.execute("PRAGMA synchronous = NORMAL")
+            self._migrate()
+            self.journal_id = self._conn.execute(sql.JOURNAL_ID).fetchone()[0]
+        except sqlite3.DatabaseError as exc:
+            self._close_quietly()
+            raise self._corrupt(exc) from None
+        except BaseException:
+            self._close_quietly()
+            raise
+        self._tighten_permissions()
+        try:
+            self._fold_orphaned_receipt_logs()
+        except BaseException:
+            self._close_quietly()
+            raise
+
+    # -- opening ------------------------------------------------------------------------------
+
+    def _create_file(self) -> None:
+        directory = self.path.parent
+        if not directory.exists():
+            try:
+                directory.mkdir(mode=0o700, parents=True)
+                directory.chmod(0o700)  # mkdir's mode is filtered by the umask
+            except OSError as exc:
+                raise JournalError(
+                    f"cannot create the journal directory {directory} ({type(exc).__name__}); "
+                    "check the path and its permissions."
+                ) from None
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise JournalError(
+                f"cannot open the journal {self.path} ({type(exc).__name__}); check that the path is "
+                "a writable file on a local disk."
+            ) from None
+        os.close(fd)
+
+    def _tighten_permissions(self) -> None:
+        # Only once the file is known to be a journal: a refused foreign file is left untouched.
+        for name in (str(self.path), str(self.path) + "-wal", str(self.path) + "-shm"):
+            with contextlib.suppress(OSError):
+                info = os.stat(name)
+                if stat.S_IMODE(info.st_mode) & 0o077 and info.st_uid == os.getuid():
+                    os.chmod(name, 0o600)
+
+    def _refuse_foreign_database(self) -> None:
+        # Read-only questions first: a file that is not a journal must not be switched to WAL.
+        conn = self._connection
+        if conn.execute("PRAGMA user_version").fetchone()[0] == 0 and conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+        ).fetchone()[0]:
+            raise JournalCorruptError(
+                f"{self.path} is a SQLite database but not a step journal (it has tables and no "
+                "journal schema version). Point [resumable] journal_path at a file of its own."
+            )
+
+    def _switch_to_wal(self, busy_timeout: float) -> str:
+        # Switching a new file to WAL needs an exclusive lock, and SQLite answers SQLITE_BUSY at
+        # once (no busy handler) while another process opens the same file: retry until the timeout.
+        deadline = time.monotonic() + busy_timeout
+        while True:
+            try:
+                return str(self._connection.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.005)
+
+    def _migrate(self) -> None:
+        conn = self._connection
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise JournalVersionError(
+                f"journal {self.path} has schema version {version}, but this airflow-provider-resumable "
+                f"understands versions up to {SCHEMA_VERSION}: it was written by a newer release. "
+                "Upgrade the provider on this worker; do not edit the file."
+            )
+        if version == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            # Re-read under the write lock: another process may have migrated meanwhile.
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0 and conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:
+                raise JournalCorruptError(
+                    f"{self.path} is a SQLite database but not a step journal (it has tables and no "
+                    "journal schema version). Point [resumable] journal_path at a file of its own."
+                )
+            for target in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in SQLITE_MIGRATIONS[target]:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    @property
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise JournalError(f"journal {self.path} is closed")
+        return self._conn
+
+    @property
+    def closed(self) -> bool:
+        return self._conn is None
+
+    def _corrupt(self, exc: sqlite3.DatabaseError) -> JournalError:
+        return JournalCorruptError(
+            f"journal {self.path} is unreadable or corrupt ({type(exc).__name__}: "
+            f"{'not a SQLite database' if 'not a database' in str(exc) else 'malformed'}). Nothing "
+            "was sent. Move the file aside and restore it from a backup; do not delete it while "
+            "items may be held."
+        )
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._wal_fd is not None:
+            os.close(self._wal_fd)
+            self._wal_fd = None
+
+    def _close_quietly(self) -> None:
+        with contextlib.suppress(Exception):
+            self.close()
+
+    # -- transactions -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _write(self, *, durable: bool) -> Iterator[SqliteTx]:
+        """One short write transaction; fsync'd afterwards when ``durable`` under full durability."""
+        conn = self._connection
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield SqliteTx(conn)
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):
+                raise JournalError(
+                    f"journal {self.path} stayed locked by another writer past the busy timeout; "
+                    "nothing was sent. Retry the task."
+                ) from None
+            if isinstance(exc, sqlite3.IntegrityError):
+                raise
+            raise self._corrupt(exc) from None
+        self.commit_count += 1
+        if durable and self.durability == "full":
+            self._sync_wal()
+            self.durable_commit_count += 1
+
+    @contextlib.contextmanager
+    def _scratch(self) -> Iterator[SqliteTx]:
+        # One transaction of the temporary database: it takes no lock on the journal file itself.
+        conn = self._connection
+        conn.execute("BEGIN")
+        try:
+            yield SqliteTx(conn)
+        finally:
+            conn.execute("COMMIT")
+
+    def _seen_table_ddl(self, table: str) -> str:
+        return f"CREATE TEMP TABLE {table} (n INTEGER PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL)"
+
+    def _sync_wal(self) -> None:
+        # fsync works on the file, not on the descriptor: syncing our own descriptor of the -wal
+        # file makes every frame SQLite wrote to it so far durable.
+        if self._wal_fd is None:
+            self._wal_fd = os.open(str(self.path) + "-wal", os.O_RDONLY)
+            # The first time, also make the -wal file's directory entry durable.
+            dir_fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+        os.fsync(self._wal_fd)
+        self.fsync_count += 1
+
+    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        try:
+            return self._connection.execute(sql, params).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
+
+    # -- claims and receipt logs --------------------------------------------------------------
+
+    def _lock_path(self, job_id: str) -> Path:
+        name = hashlib.sha256(job_id.encode("utf-8")).hexdigest()[:40]
+        return Path(str(self.path) + ".locks") / f"{name}.lock"
+
+    def _receipt_log_path(self, job_id: str) -> Path:
+        return self._lock_path(job_id).with_suffix(RECEIPT_LOG_SUFFIX)
+
+    def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> JobLock:
+        return JobLock(self._lock_path(job_id), job_id, self.path, runner=runner)
+
+    def _recover(self, job_id: str) -> None:
+        self._fold_receipt_log(self._receipt_log_path(job_id))
+
+    def _receipt_log(self, job_id: str) -> FileReceiptLog:
+        return FileReceiptLog(self._receipt_log_path(job_id))
+
+    def _fold_orphaned_receipt_logs(self) -> None:
+        """Commit what dead runners logged but had not committed yet (see "Receipt log")."""
+        directory = Path(str(self.path) + ".locks")
+        try:
+            names = [n for n in os.listdir(directory) if n.endswith(RECEIPT_LOG_SUFFIX)]
+        except FileNotFoundError:
+            return
+        for name in names:
+            try:
+                lock = JobLock(directory / (name[: -len(RECEIPT_LOG_SUFFIX)] + ".lock"), "(receipt log)",
+                               self.path, runner=FOLD_RUNNER)
+            except JobBusyError:
+                continue  # its runner is alive: it commits its receipts itself
+            try:
+                self._fold_receipt_log(directory / name)
+            finally:
+                lock.release()
+
+    def _fold_receipt_log(self, path: Path) -> None:
+        """Fold one job's receipt log into its steps, then remove it. The caller holds the job's claim."""
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return
+        updates = []
+        for line in data.split(b"\n"):
+            try:
+                job_id, item_id, step, digest, output, receipt, at = json.loads(line)
+            except (ValueError, TypeError):
+                continue  # a torn last line: that send stays IN_FLIGHT, to be verified
+            updates.append((receipt, output, at, job_id, item_id, step, digest))
+        if updates:
+            with self._write(durable=True) as tx:
+                tx.many(sql.FOLD_RECEIPT, updates)
+        path.unlink(missing_ok=True)
+
+
+class FileReceiptLog:
+    """A job's receipt log: appended with one ``write`` per round, never fsync'd."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def write(self, data: bytes) -> None:
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        os.write(self._fd, data)
+
+    def committed(self) -> None:
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def discard(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+
+class JobLock:
+    """An exclusive ``flock`` on a per-job lock file.
+
+    The kernel drops a flock when its process dies (SIGKILL included), so a lock left by a dead
+    runner never needs manual cleanup: the next runner simply gets it.
+    """
+
+    def __init__(self, path: Path, job_id: str, journal_path: Path, *, runner: str | None) -> None:
+        if not path.parent.exists():
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self.path = path
+        while True:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder, holder_runner = self._holder()
+                os.close(self._fd)
+                busy = JobBusyError(
+                    f"job {job_id!r} is already running ({holder}, journal {journal_path}). "
+                    "Nothing was sent. Wait for that run to finish or stop it; two runs of one job "
+                    "would send items twice."
+                )
+                busy.holder, busy.runner = holder, holder_runner
+                raise busy from None
+            except BaseException:
+                os.close(self._fd)
+                raise
+            # prune() unlinks lock files; a lock on an unlinked inode would not exclude anyone.
+            try:
+                if os.fstat(self._fd).st_ino == os.stat(path).st_ino:
+                    break
+            except FileNotFoundError:
+                pass
+            os.close(self._fd)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "runner": runner}
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(info).encode("utf-8"), 0)
+
+    def _holder(self) -> tuple[str, str | None]:
+        """Who holds the lock, for messages, and the runner name it gave."""
+        try:
+            info = json.loads(os.pread(self._fd, 4096, 0) or b"{}")
+            since = ts(float(info["since"])).strftime("%Y-%m-%d %H:%M:%S UTC")
+            who = f"pid {info['pid']} on {info['host']} since {since}"
+            runner = info.get("runner")
+            return who + (f", {runner}" if runner else ""), runner
+        except (ValueError, KeyError, TypeError, OSError):
+            return "holder unknown", None
+
+    def release(self, *, remove: bool = False) -> None:
+        if self._fd < 0:
+            return
+        if remove:
+            # Unlink while still holding the lock so no other runner holds a lock on a dead inode.
+            with contextlib.suppress(OSError):
+                self.path.unlink()
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = -1

@@ -1,0 +1,146 @@
+"""The journal's SQL, as named statements both backends run.
+
+Statements are written with ``?`` placeholders and only SQL that SQLite and PostgreSQL read the same
+way (``ON CONFLICT``, ``CASE``, no engine-specific functions); the PostgreSQL backend turns the
+placeholders into its own when it runs them. Timestamps are seconds since the epoch (a float) on
+both engines, so the records and the comparisons are the same code.
+"""
+
+from __future__ import annotations
+
+STEP_COLUMNS = (
+    "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, "
+    "held_reason, new_digest, attempts, created_at, updated_at"
+)
+
+# Held rows, and side-effect rows not yet SUCCEEDED: what keeps a job from being settled.
+OPEN_ROW = "(held_reason IS NOT NULL OR (side_effect = 1 AND status != 'SUCCEEDED'))"
+
+UPSERT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?)"
+UPSERT_VALUES_PER_ROW = UPSERT_ROW.count("?")
+UPSERT_CONFLICT = """
+ON CONFLICT (job_id, item_id, step) DO UPDATE SET
+    side_effect = excluded.side_effect,
+    status      = excluded.status,
+    digest      = excluded.digest,
+    receipt     = excluded.receipt,
+    output      = excluded.output,
+    error_type  = excluded.error_type,
+    held_reason = NULL,
+    new_digest  = NULL,
+    attempts    = steps.attempts + excluded.attempts,
+    updated_at  = excluded.updated_at
+"""
+UPSERT = f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {UPSERT_ROW}{UPSERT_CONFLICT}"
+
+
+def upsert_rows(count: int) -> str:
+    """One statement that upserts ``count`` rows (one round trip, one parse)."""
+    return f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {','.join([UPSERT_ROW] * count)}{UPSERT_CONFLICT}"
+
+
+HOLD = """
+UPDATE steps SET held_reason = ?, new_digest = ?, updated_at = ?
+WHERE job_id = ? AND item_id = ? AND step = ?
+"""
+
+# A receipt from a dead runner's log settles only the very row it was logged for: a send still
+# IN_FLIGHT for the same input, not held. Anything else has moved on (resolved, re-run) since.
+FOLD_RECEIPT = """
+UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, updated_at = ?
+WHERE job_id = ? AND item_id = ? AND step = ? AND digest = ? AND side_effect = 1
+  AND status = 'IN_FLIGHT' AND held_reason IS NULL
+"""
+
+TOUCH_JOB = """
+INSERT INTO jobs (job_id, created_at, updated_at, last_runner) VALUES (?, ?, ?, ?)
+ON CONFLICT (job_id) DO UPDATE SET updated_at = excluded.updated_at,
+                                   last_runner = coalesce(excluded.last_runner, jobs.last_runner)
+"""
+
+JOB_PRUNED_AT = "SELECT pruned_at FROM jobs WHERE job_id = ?"
+JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
+JOB_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? LIMIT 1"
+ITEM_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? AND item_id = ? LIMIT 1"
+
+
+def lookup_rows(count: int) -> str:
+    """The rows the decision table needs for ``count`` items of one job."""
+    return f"""SELECT item_id, step, status, digest, output, held_reason FROM steps
+               WHERE job_id = ? AND item_id IN ({','.join('?' * count)})"""
+
+
+JOB_SUMMARIES = """
+SELECT j.job_id, j.created_at, j.updated_at, j.pruned_at,
+       count(s.step), count(DISTINCT s.item_id),
+       count(CASE WHEN s.status = 'IN_FLIGHT' THEN 1 END),
+       count(CASE WHEN s.status = 'SUCCEEDED' THEN 1 END),
+       count(CASE WHEN s.status = 'FAILED' THEN 1 END),
+       count(CASE WHEN s.held_reason IS NOT NULL THEN 1 END),
+       count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED' THEN 1 END)
+FROM jobs j LEFT JOIN steps s ON s.job_id = j.job_id
+{where}
+GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at ORDER BY j.updated_at DESC
+"""
+
+JOB_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
+ITEM_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? AND item_id = ? ORDER BY created_at"
+OPEN_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id"
+HELD = "SELECT job_id, item_id, step, held_reason FROM steps WHERE held_reason IS NOT NULL"
+RESOLUTIONS = """
+SELECT id, job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,
+       previous_status, previous_held_reason
+FROM resolutions WHERE job_id = ? ORDER BY id
+"""
+
+RESOLVABLE_STEP = "SELECT side_effect, status, held_reason FROM steps WHERE job_id = ? AND item_id = ? AND step = ?"
+RESOLVE_DELIVERED = """
+UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, held_reason = ?, updated_at = ?
+WHERE job_id = ? AND item_id = ? AND step = ?
+"""
+DELETE_STEP = "DELETE FROM steps WHERE job_id = ? AND item_id = ? AND step = ?"
+INPUT_CHANGE_HOLD = """
+SELECT step, status, new_digest FROM steps WHERE job_id = ? AND item_id = ? AND held_reason = 'input_changed'
+"""
+DELETE_ITEM = "DELETE FROM steps WHERE job_id = ? AND item_id = ?"
+KEEP_PREVIOUS_INPUT = """
+UPDATE steps SET digest = ?, new_digest = NULL, updated_at = ?,
+       held_reason = CASE WHEN held_reason = 'input_changed' THEN NULL ELSE held_reason END
+WHERE job_id = ? AND item_id = ?
+"""
+AUDIT = """
+INSERT INTO resolutions (job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,
+                         previous_status, previous_held_reason)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+"""
+JOB_UPDATED = "UPDATE jobs SET updated_at = ? WHERE job_id = ?"
+
+UNFINISHED_JOB = "(status != 'SUCCEEDED' OR held_reason IS NOT NULL)"
+PRUNE_CANDIDATES = f"""
+SELECT job_id FROM jobs j WHERE pruned_at IS NULL AND updated_at < ?
+AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = j.job_id AND {UNFINISHED_JOB})
+"""
+JOB_STILL_FINISHED = f"SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM steps WHERE job_id = ? AND {UNFINISHED_JOB})"
+DELETE_JOB_STEPS = "DELETE FROM steps WHERE job_id = ?"
+MARK_PRUNED = "UPDATE jobs SET pruned_at = ? WHERE job_id = ?"
+
+JOURNAL_ID = "SELECT value FROM meta WHERE key = 'journal_id'"
+
+# The set of item ids one run has admitted (a temporary table of the run's own connection), so a
+# repeated id is refused across chunks without holding a million ids in memory.
+SEEN_MAX = "SELECT max(n) FROM {table}"
+SEEN_INSERT = "INSERT INTO {table} (item_id, digest) VALUES (?, ?) ON CONFLICT (item_id) DO NOTHING"
+SEEN_DELETE_AFTER = "DELETE FROM {table} WHERE n > ?"
+
+
+def seen_repeated(table: str, count: int) -> str:
+    return f"SELECT item_id FROM {table} WHERE item_id IN ({','.join('?' * count)})"
+
+
+def seen_unfinished(table: str, steps: int) -> str:
+    """Ids of the current chunk not SUCCEEDED with the admitted input for every one of the steps."""
+    return f"""SELECT c.item_id FROM {table} c
+               WHERE c.n > ? AND ? != (
+                   SELECT count(*) FROM steps s
+                   WHERE s.job_id = ? AND s.item_id = c.item_id AND s.step IN ({','.join('?' * steps)})
+                     AND s.status = 'SUCCEEDED' AND s.digest = c.digest AND s.held_reason IS NULL)"""
