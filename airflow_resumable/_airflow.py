@@ -1,14 +1,29 @@
-"""What the operators and the sensor share: where the journal is, and how a job is named."""
+"""What the operators, the sensor, the CLI and the UI share: where the journal is, how a job is named.
+
+Where the journal is, in this order: the task's own ``journal_conn_id``, then its ``journal_path``;
+then the Airflow config's ``[resumable] journal_conn_id``, then ``[resumable] journal_path``; else
+``$AIRFLOW_HOME/resumable/journal.sqlite3``. A connection id names an Airflow Postgres connection
+(resolved through Airflow's connection API, so secrets backends work) holding a shared journal.
+Never anything from ``dag_run.conf`` or XCom: a run's conf must not choose where a worker writes.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 DEFAULT_RELATIVE_PATH = Path("resumable") / "journal.sqlite3"
 SUMMARY_XCOM_KEY = "resumable_summary"
 STATE_STORE_KEY = "resumable_journal"
+POSTGRES_CONN_TYPES = ("postgres", "postgresql")
+# libpq options an Airflow Postgres connection may carry in its extra (TLS, timeouts, routing).
+LIBPQ_EXTRA_OPTIONS = (
+    "sslmode", "sslrootcert", "sslcert", "sslkey", "sslcrl", "sslpassword", "connect_timeout",
+    "target_session_attrs", "gssencmode", "channel_binding",
+)
 
 
 def _conf_get(option: str) -> str | None:
@@ -25,10 +40,7 @@ def _conf_get(option: str) -> str | None:
 
 
 def default_journal_path() -> Path:
-    """``[resumable] journal_path``, else ``$AIRFLOW_HOME/resumable/journal.sqlite3``.
-
-    Never anything from ``dag_run.conf``: a run's conf must not choose which file a worker writes.
-    """
+    """``[resumable] journal_path``, else ``$AIRFLOW_HOME/resumable/journal.sqlite3``."""
     configured = _conf_get("journal_path")
     if configured:
         return Path(configured).expanduser()
@@ -41,6 +53,100 @@ def default_durability() -> str:
     if value not in ("full", "normal"):
         raise ValueError(f"[resumable] durability must be 'full' or 'normal', not {value!r}")
     return value
+
+
+class JournalConfigError(ValueError):
+    """The configured journal connection cannot be used (unknown, not Postgres, malformed)."""
+
+
+@dataclass(frozen=True)
+class JournalTarget:
+    """Where a task's journal is. ``location`` may hold a password: pass it to StepJournal, never log it."""
+
+    location: str
+    shared: bool  # True: a PostgreSQL journal every worker reaches
+    display: str  # for logs and pages: the path, or "connection <id>"
+    options: dict[str, Any] = field(default_factory=dict)  # StepJournal keywords (schema, claim_timeout)
+
+    def open(self, **kwargs: Any) -> Any:
+        from airflow_resumable.journal import StepJournal
+
+        if self.shared:
+            kwargs.pop("allow_network_filesystem", None)
+        return StepJournal(self.location, **{**self.options, **kwargs})
+
+    def exists(self) -> bool:
+        """Whether there is a journal to read (a read never creates a SQLite file)."""
+        return self.shared or Path(self.location).exists()
+
+
+def journal_target(*, conn_id: str | None = None, path: str | os.PathLike[str] | None = None) -> JournalTarget:
+    """The task's journal: its own conn id, its own path, the config's conn id, the config's path."""
+    if conn_id:
+        return _postgres_target(conn_id)
+    if path:
+        resolved = Path(path).expanduser()
+        return JournalTarget(str(resolved), False, str(resolved))
+    configured = _conf_get("journal_conn_id")
+    if configured:
+        return _postgres_target(configured)
+    resolved = default_journal_path()
+    return JournalTarget(str(resolved), False, str(resolved))
+
+
+def _get_connection(conn_id: str) -> Any:
+    """The Airflow connection ``conn_id``: in a task through the Task SDK; elsewhere (API server,
+    CLI) through the secrets backends and the metadata database."""
+    failures: list[str] = []
+    try:
+        from airflow.sdk import BaseHook
+
+        return BaseHook.get_connection(conn_id)
+    except Exception as exc:  # noqa: BLE001 - outside a task the SDK may have no way to ask
+        failures.append(type(exc).__name__)
+    try:
+        from airflow.models.connection import Connection
+
+        return Connection.get_connection_from_secrets(conn_id)
+    except Exception as exc:  # noqa: BLE001
+        failures.append(type(exc).__name__)
+    raise JournalConfigError(
+        f"the journal connection {conn_id!r} cannot be found ({', '.join(failures)}); create an Airflow Postgres "
+        "connection with that id, or fix journal_conn_id= / [resumable] journal_conn_id"
+    )
+
+
+def _postgres_target(conn_id: str) -> JournalTarget:
+    if not isinstance(conn_id, str) or not conn_id.strip():
+        raise JournalConfigError("journal_conn_id must be a non-empty connection id")
+    conn = _get_connection(conn_id)
+    if (conn.conn_type or "").lower() not in POSTGRES_CONN_TYPES:
+        raise JournalConfigError(
+            f"connection {conn_id!r} is a {conn.conn_type!r} connection; a shared journal needs a Postgres "
+            "connection (conn_type 'postgres')"
+        )
+    if not conn.host:
+        raise JournalConfigError(f"connection {conn_id!r} has no host; set the PostgreSQL server's host name")
+    extra = conn.extra_dejson if isinstance(getattr(conn, "extra_dejson", None), dict) else {}
+    user = quote(conn.login or "", safe="")
+    password = quote(conn.password or "", safe="")
+    credentials = f"{user}{':' + password if conn.password else ''}@" if conn.login else ""
+    host = f"[{conn.host}]" if ":" in conn.host else conn.host
+    port = f":{int(conn.port)}" if conn.port else ""
+    database = quote(conn.schema or "", safe="")  # an Airflow connection's "schema" is the database
+    query = "&".join(f"{key}={quote(str(extra[key]), safe='')}" for key in LIBPQ_EXTRA_OPTIONS if extra.get(key))
+    url = f"postgresql://{credentials}{host}{port}/{database}" + (f"?{query}" if query else "")
+    options: dict[str, Any] = {}
+    schema = extra.get("journal_schema") or _conf_get("journal_schema")
+    if schema:
+        options["schema"] = schema
+    claim_timeout = extra.get("claim_timeout") or _conf_get("claim_timeout")
+    if claim_timeout:
+        try:
+            options["claim_timeout"] = float(claim_timeout)
+        except (TypeError, ValueError):
+            raise JournalConfigError(f"claim_timeout must be a number of seconds, not {claim_timeout!r}") from None
+    return JournalTarget(url, True, f"connection {conn_id}", options)
 
 
 def default_job_id(context: Any) -> str:

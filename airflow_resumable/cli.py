@@ -1,13 +1,15 @@
 """``airflow-resumable``: see what is held, why, and resolve it without opening SQLite by hand.
 
-The journal comes from ``--journal``, else ``[resumable] journal_path`` / its environment variable,
-else ``$AIRFLOW_HOME/resumable/journal.sqlite3`` - the same file the operators use. Exit codes: 0 ok,
-1 refused (nothing changed), 2 bad arguments.
+The journal comes from ``--journal`` (a file, or a ``postgresql://`` URL of a shared journal), or
+``--conn-id`` (an Airflow Postgres connection), else the Airflow config as the operators read it:
+``[resumable] journal_conn_id``, ``[resumable] journal_path``, ``$AIRFLOW_HOME/resumable/journal.sqlite3``.
+Exit codes: 0 ok, 1 refused (nothing changed), 2 bad arguments.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import getpass
 import io
@@ -21,7 +23,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.journal import JournalError, StepJournal
+from airflow_resumable.journal import JournalError, StepJournal, is_postgres_url
 
 EXIT_REFUSED, EXIT_USAGE = 1, 2
 
@@ -66,7 +68,11 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="airflow-resumable", description=__doc__.splitlines()[0])
-    parser.add_argument("--journal", type=Path, help="journal file (default: the Airflow config)")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--journal", help="journal file, or postgresql:// URL of a shared journal "
+                                         "(default: the Airflow config)")
+    where.add_argument("--conn-id", help="Airflow Postgres connection of a shared journal")
+    parser.add_argument("--schema", help="schema of a shared journal given by --journal URL (default: resumable)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     sub.add_parser("jobs", help="jobs with per-status counts, held count, last update")
@@ -105,19 +111,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _journal_path(args: argparse.Namespace) -> Path:
+def _open(args: argparse.Namespace) -> StepJournal:
+    if args.journal and is_postgres_url(args.journal):
+        return StepJournal(args.journal, **({"schema": args.schema} if args.schema else {}))
     if args.journal:
-        return Path(args.journal)
-    from airflow_resumable._airflow import default_journal_path
+        path = Path(args.journal)
+        display = str(path)
+        exists = path.exists()
+        opener = lambda: StepJournal(path)  # noqa: E731
+    else:
+        from airflow_resumable._airflow import journal_target
 
-    return default_journal_path()
+        # Airflow logs to stdout while it looks a connection up; stdout is for our tables and JSON.
+        with contextlib.redirect_stdout(sys.stderr):
+            target = journal_target(conn_id=args.conn_id)
+        display, exists, opener = target.display, target.exists(), target.open
+    if args.command != "prune" and not exists:
+        raise JournalError(f"no journal at {display}; pass --journal or --conn-id, or set [resumable] journal_path")
+    journal: StepJournal = opener()
+    return journal
 
 
 def run(args: argparse.Namespace, out: io.TextIOBase | Any) -> int:
-    path = _journal_path(args)
-    if args.command != "prune" and not path.exists():
-        raise JournalError(f"no journal at {path}; pass --journal or set [resumable] journal_path")
-    with StepJournal(path) as journal:
+    with _open(args) as journal:
         return _dispatch(args, journal, out)
 
 

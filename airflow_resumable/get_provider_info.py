@@ -41,8 +41,35 @@ def get_provider_info() -> dict[str, Any]:
         "extra-links": ["airflow_resumable.links.ResumableJobLink"],
         "config": {
             "resumable": {
-                "description": "Step journal of airflow-provider-resumable (worker-local SQLite).",
+                "description": "Step journal of airflow-provider-resumable: a worker-local SQLite file, "
+                "or a shared PostgreSQL journal that every worker reaches (journal_conn_id).",
                 "options": {
+                    "journal_conn_id": {
+                        "description": "An Airflow Postgres connection holding a shared journal, so a "
+                        "retry or Clear resumes on any worker (Celery, Kubernetes, managed Airflow). When "
+                        "set it wins over journal_path. Never taken from dag_run.conf or XCom.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "resumable_journal",
+                        "default": "",
+                    },
+                    "journal_schema": {
+                        "description": "Schema of the shared journal's tables (created if missing). A "
+                        "connection's extra 'journal_schema' wins.",
+                        "version_added": "0.2.0",
+                        "type": "string",
+                        "example": "resumable",
+                        "default": "resumable",
+                    },
+                    "claim_timeout": {
+                        "description": "Seconds within which the shared journal frees the job of a runner "
+                        "whose host vanished or was cut off from the database (TCP keepalives and "
+                        "tcp_user_timeout on both ends). A connection's extra 'claim_timeout' wins.",
+                        "version_added": "0.2.0",
+                        "type": "float",
+                        "example": "60",
+                        "default": "30",
+                    },
                     "journal_path": {
                         "description": "Journal file on the worker's local disk. Default: "
                         "$AIRFLOW_HOME/resumable/journal.sqlite3. Never on NFS/SMB/sshfs or a "

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_resumable._airflow import default_journal_path
-from airflow_resumable.journal import JournalError, StepJournal
+from airflow_resumable._airflow import journal_target
+from airflow_resumable.journal import JournalError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -28,14 +27,20 @@ class ResolveOperator(BaseOperator):
 
     Conf: ``job_id``, ``item_id``, ``step``, ``decision`` (``delivered`` with ``receipt`` |
     ``not_delivered`` | ``keep_previous_input`` | ``use_new_input``), optional ``note``, and
-    ``resolved_by`` when Airflow does not know the triggering user. The journal path comes from the
+    ``resolved_by`` when Airflow does not know the triggering user. The journal comes from the
     operator or the Airflow config, never from the conf.
 
-    :param journal_path: the journal; default ``[resumable] journal_path``.
+    :param journal_conn_id: an Airflow Postgres connection holding a shared journal; default
+        ``[resumable] journal_conn_id``. Wins over ``journal_path``.
+    :param journal_path: the journal file; default ``[resumable] journal_path``.
     """
 
-    def __init__(self, *, journal_path: str | os.PathLike[str] | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, journal_conn_id: str | None = None, journal_path: str | os.PathLike[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        self.journal_conn_id = journal_conn_id
         self.journal_path = journal_path
 
     def execute(self, context: Context) -> dict[str, Any]:
@@ -43,8 +48,10 @@ class ResolveOperator(BaseOperator):
         resolved_by = _triggering_user(context) or conf.get("resolved_by")
         if not resolved_by:
             raise ResolutionRefused("resolved_by is required: Airflow does not know who triggered this run")
-        path = Path(self.journal_path).expanduser() if self.journal_path else default_journal_path()
-        with StepJournal(path) as journal:
+        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
+        if not target.exists():
+            raise ResolutionRefused(f"there is no journal at {target.display} on this worker; nothing to resolve")
+        with target.open() as journal:
             try:
                 if conf["decision"] in ("delivered", "not_delivered"):
                     if not conf.get("step"):

@@ -9,7 +9,6 @@ import os
 import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
@@ -18,9 +17,10 @@ from airflow.sdk.exceptions import AirflowException
 from airflow_resumable._airflow import (
     STATE_STORE_KEY,
     SUMMARY_XCOM_KEY,
+    JournalTarget,
     default_durability,
     default_job_id,
-    default_journal_path,
+    journal_target,
 )
 from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.journal import StepJournal
@@ -47,7 +47,8 @@ class HeldItemsError(AirflowException):
 class ResumableBatchOperator(BaseOperator):
     """Send each item of a batch once, resuming after a crash, a retry or a UI "Clear".
 
-    Every step of every item is recorded in a local SQLite journal. A retry (or a Clear) of the same
+    Every step of every item is recorded in a step journal: a SQLite file on the worker, or a shared
+    PostgreSQL journal (``journal_conn_id``) that any worker reaches. A retry (or a Clear) of the same
     task instance skips what succeeded, re-runs local steps, and never re-sends a side effect whose
     outcome is unknown: it asks ``verify``, or holds the item for a human (see the
     ``resolve_held_item`` DAG) and goes on with the others.
@@ -64,8 +65,12 @@ class ResumableBatchOperator(BaseOperator):
     :param job_id: journal key (templated). Default ``{dag_id}/{task_id}/{run_id}[/{map_index}]``:
         the same on retry and Clear (both resume); a new DAG run is a new job.
     :param id_field: the item field holding its unique id.
-    :param journal_path: the journal file. Default ``[resumable] journal_path``, else
-        ``$AIRFLOW_HOME/resumable/journal.sqlite3``. Never taken from ``dag_run.conf``.
+    :param journal_conn_id: an Airflow Postgres connection holding a shared journal: a retry or a
+        Clear resumes on whichever worker it lands. Wins over ``journal_path``. Default
+        ``[resumable] journal_conn_id``.
+    :param journal_path: the journal file (a worker-local SQLite journal). Default
+        ``[resumable] journal_path``, else ``$AIRFLOW_HOME/resumable/journal.sqlite3``. Neither is
+        ever taken from ``dag_run.conf`` or XCom.
     :param durability: ``"full"`` (fsync before every send) or ``"normal"``; default
         ``[resumable] durability``, else ``"full"``.
     :param on_held: ``"fail"`` (default): fail after all other items, listing the held ones;
@@ -94,6 +99,7 @@ class ResumableBatchOperator(BaseOperator):
         verify: Callable[..., Any] | None = None,
         job_id: str | None = None,
         id_field: str = "id",
+        journal_conn_id: str | None = None,
         journal_path: str | os.PathLike[str] | None = None,
         durability: str | None = None,
         on_held: str = "fail",
@@ -125,6 +131,7 @@ class ResumableBatchOperator(BaseOperator):
         self.steps = list(steps)
         self.job_id = job_id
         self.id_field = id_field
+        self.journal_conn_id = journal_conn_id
         self.journal_path = journal_path
         self.durability = durability
         self.on_held = on_held
@@ -162,15 +169,16 @@ class ResumableBatchOperator(BaseOperator):
     # -- execution ------------------------------------------------------------------------------
 
     @cached_property
-    def resolved_journal_path(self) -> Path:
-        return Path(self.journal_path).expanduser() if self.journal_path else default_journal_path()
+    def journal(self) -> JournalTarget:
+        """Where this task's journal is (its own settings, then the Airflow config)."""
+        return journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
 
     def _open_journal(self) -> StepJournal:
-        return StepJournal(
-            self.resolved_journal_path,
-            durability=self.durability or default_durability(),  # type: ignore[arg-type]
+        target: StepJournal = self.journal.open(
+            durability=self.durability or default_durability(),
             allow_network_filesystem=self.allow_network_filesystem,
         )
+        return target
 
     def _iter_items(self, context: Context) -> Iterable[Mapping[str, Any]]:
         items = self.items
@@ -188,7 +196,7 @@ class ResumableBatchOperator(BaseOperator):
         hostname = socket.gethostname()
         with self._open_journal() as journal:
             self._guard_worker(context, journal, job_id, hostname)
-            self.log.info("Resumable job %s: journal %s on %s", job_id, journal.path, hostname)
+            self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
             self._last_progress: BatchProgress | None = None
             try:
                 result = run_batch(
@@ -213,31 +221,45 @@ class ResumableBatchOperator(BaseOperator):
         return summary
 
     def _guard_worker(self, context: Context, journal: StepJournal, job_id: str, hostname: str) -> None:
-        """Refuse to run a job whose journal lives on another worker (it would re-send everything)."""
-        here = {"host": hostname, "journal_path": str(journal.path), "journal_id": journal.journal_id}
+        """Refuse to run a job whose journal is not this one (it would re-send everything).
+
+        A worker-local journal: a retry on another worker is refused. A shared journal: any worker
+        resumes; a try configured with a *different* journal than the one that holds the job is
+        refused all the same.
+        """
+        shared = journal.kind != "sqlite"
+        here = {"host": hostname, "journal": journal.location, "journal_id": journal.journal_id, "shared": shared}
         store = context.get("task_state_store")
         recorded = store.get(STATE_STORE_KEY) if store is not None else None
         if isinstance(recorded, dict) and recorded.get("journal_id") == journal.journal_id:
             return
         ti = context["ti"]
-        seen_here = journal.has_job(job_id)
         if isinstance(recorded, dict):
+            where = recorded.get("journal") or recorded.get("journal_path")
+            if recorded.get("shared"):
+                danger = f"this job's journal is the shared journal {where}, but this try uses journal {journal.location}"
+            else:
+                danger = (
+                    f"this job's journal is on host {recorded.get('host')!r} at {where}, "
+                    f"but this try runs on {hostname!r} with journal {journal.location}"
+                )
+        elif not shared and ti.try_number > 1 and not journal.has_job(job_id):
             danger = (
-                f"this job's journal is on host {recorded.get('host')!r} at {recorded.get('journal_path')}, "
-                f"but this try runs on {hostname!r} with journal {journal.path}"
-            )
-        elif ti.try_number > 1 and not seen_here:
-            danger = (
-                f"this is try {ti.try_number}, but the journal {journal.path} on {hostname!r} has never "
+                f"this is try {ti.try_number}, but the journal {journal.location} on {hostname!r} has never "
                 "seen this job: earlier tries ran on another worker or the journal was removed"
             )
         else:
             danger = None
         if danger and not self.start_afresh:
+            advice = (
+                "Point journal_conn_id (or [resumable] journal_conn_id) back at the journal that holds the job"
+                if isinstance(recorded, dict) and recorded.get("shared") else
+                "Run this task on the worker that holds the journal (pin it with a queue), or use a shared "
+                "journal (journal_conn_id)"
+            )
             raise WrongWorkerError(
-                f"Resumable job {job_id}: {danger}. Nothing was sent. Run this task on the worker that "
-                "holds the journal (pin it with a queue), or set start_afresh=True on the operator to "
-                "start over - which may send every item again."
+                f"Resumable job {job_id}: {danger}. Nothing was sent. {advice}, or set start_afresh=True on the "
+                "operator to start over - which may send every item again."
             )
         if danger:
             self.log.warning("Resumable job %s: %s; start_afresh=True, starting over.", job_id, danger)
@@ -286,7 +308,9 @@ def _parse_rendered_items(rendered: Any, task_id: str) -> Any:
 def _summary(result: BatchResult, journal: StepJournal, hostname: str) -> dict[str, Any]:
     return {
         "job_id": result.job_id,
-        "journal_path": str(journal.path),
+        "journal_path": str(journal.path) if journal.kind == "sqlite" else None,
+        "journal": journal.location,  # a path, or the shared journal's server and schema (no password)
+        "journal_kind": journal.kind,
         "journal_id": journal.journal_id,
         "hostname": hostname,
         "status": result.status,

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
-from airflow_resumable._airflow import SUMMARY_XCOM_KEY, default_journal_path
-from airflow_resumable.journal import StepJournal
+from airflow_resumable._airflow import SUMMARY_XCOM_KEY, JournalTarget, journal_target
 from airflow_resumable.runner import verify_held
 
 if TYPE_CHECKING:
@@ -22,12 +20,16 @@ class HeldItemSensor(BaseSensorOperator):
 
     Not deferrable on purpose: the triggerer may run on a host that does not have the journal, so
     the sensor pokes from a worker, in ``reschedule`` mode by default (no worker slot held while
-    waiting). Route it to the batch task's worker queue.
+    waiting). With a worker-local journal, route it to the batch task's worker queue; with a shared
+    journal (``journal_conn_id``) any worker will do.
 
     :param job_id: the job to watch (templated). Or:
-    :param batch_task_id: the ResumableBatchOperator task whose XCom summary names the job and its
-        journal (for a mapped batch task, give ``job_id`` of each shard instead).
-    :param journal_path: the journal, when ``job_id`` is given; default as for the operator.
+    :param batch_task_id: the ResumableBatchOperator task whose XCom summary names the job (for a
+        mapped batch task, give ``job_id`` of each shard instead). The journal is never taken from
+        XCom: the sensor opens its own (below) and checks that it is the one the summary names.
+    :param journal_conn_id: an Airflow Postgres connection holding a shared journal; default
+        ``[resumable] journal_conn_id``. Wins over ``journal_path``.
+    :param journal_path: the journal file; default as for the operator.
     :param verify: optional ``verify(ctx)``: on each poke, held unknown-outcome sends whose receipt
         the receiver now has are marked SUCCEEDED (for receivers that record asynchronously).
     """
@@ -39,6 +41,7 @@ class HeldItemSensor(BaseSensorOperator):
         *,
         job_id: str | None = None,
         batch_task_id: str | None = None,
+        journal_conn_id: str | None = None,
         journal_path: str | os.PathLike[str] | None = None,
         verify: Callable[..., Any] | None = None,
         mode: str = "reschedule",
@@ -49,27 +52,37 @@ class HeldItemSensor(BaseSensorOperator):
             raise ValueError(f"{self.task_id}: give exactly one of job_id= or batch_task_id=")
         self.job_id = job_id
         self.batch_task_id = batch_task_id
+        self.journal_conn_id = journal_conn_id
         self.journal_path = journal_path
         self.verify = verify
 
-    def _target(self, context: Context) -> tuple[str, Path]:
+    def _target(self, context: Context) -> tuple[str, JournalTarget, str | None]:
+        """The job, this sensor's journal, and the journal id the batch task's summary recorded."""
+        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         if self.job_id is not None:
-            path = Path(self.journal_path).expanduser() if self.journal_path else default_journal_path()
-            return self.job_id, path
+            return self.job_id, target, None
         summary = context["ti"].xcom_pull(task_ids=self.batch_task_id, key=SUMMARY_XCOM_KEY)
-        if not isinstance(summary, dict) or "job_id" not in summary:
+        if not isinstance(summary, dict) or not isinstance(summary.get("job_id"), str):
             raise ValueError(
                 f"{self.task_id}: task {self.batch_task_id!r} left no resumable summary in XCom; "
                 "is it a ResumableBatchOperator that ran in this DAG run?"
             )
-        return summary["job_id"], Path(self.journal_path or summary["journal_path"])
+        recorded = summary.get("journal_id")
+        return summary["job_id"], target, recorded if isinstance(recorded, str) else None
 
     def poke(self, context: Context) -> bool:
-        job_id, path = self._target(context)
-        with StepJournal(path) as journal:
+        job_id, target, recorded_id = self._target(context)
+        if not target.exists():
+            raise ValueError(f"{self.task_id}: there is no journal at {target.display} on this worker")
+        with target.open() as journal:
+            if recorded_id is not None and recorded_id != journal.journal_id:
+                raise ValueError(
+                    f"{self.task_id}: the batch task ran on another journal than this sensor's ({journal.location}); "
+                    "give the sensor the same journal_conn_id / journal_path as the batch task"
+                )
             job = journal.job(job_id)
             if job is None:
-                raise ValueError(f"{self.task_id}: journal {path} has no job {job_id!r}")
+                raise ValueError(f"{self.task_id}: journal {journal.location} has no job {job_id!r}")
             if self.verify is not None and not job.settled:
                 for settled in verify_held(journal, job_id, self.verify, resolved_by=f"sensor {self.task_id}"):
                     self.log.info("%s / %s: receiver has a receipt, marked SUCCEEDED", settled.item_id, settled.step)

@@ -52,3 +52,15 @@ with DAG("article_wrong_worker_afresh", schedule=None, start_date=start, default
 with DAG("article_mapped", schedule=None, start_date=start, default_args=defaults, catchup=False):
     chunks = [items(10, prefix=f"chunk{c}") for c in range(4)]
     ResumableBatchOperator.partial(task_id="send", steps=steps(with_verify=True)).expand(items=chunks)
+
+# A shared journal on PostgreSQL: the connection comes from the environment (AIRFLOW_CONN_RESUMABLE_JOURNAL).
+with DAG("article_shared", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    first = ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
+                                   journal_conn_id="resumable_journal", on_held="succeed")
+    wait = HeldItemSensor(task_id="wait_for_resolution", batch_task_id="send", journal_conn_id="resumable_journal",
+                          poke_interval=1, timeout=300)
+    second = ResumableBatchOperator(
+        task_id="second_pass", items=items(), steps=steps(with_verify=False), journal_conn_id="resumable_journal",
+        job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
+    )
+    first >> wait >> second

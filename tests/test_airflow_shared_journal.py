@@ -1,0 +1,121 @@
+"""A shared journal on PostgreSQL inside real Airflow: nothing of the job is on the worker's disk.
+
+The article's 50 items run with ``journal_conn_id`` (an Airflow Postgres connection from the
+environment, as a secrets backend would give it) while ``[resumable] journal_path`` points at a
+folder that does not exist. Try 1 fails at item 41 (the receiver refused it); try 2 resumes from
+PostgreSQL and holds item 41 (its outcome is unknown, no verify); the CLI on "another host" (no
+journal file anywhere) and the Resumable jobs page's JSON see the job and the held item; the resolve
+DAG settles it; the sensor sees the job settled; the second pass sends item 41 once.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+import urllib.request
+from urllib.parse import quote
+
+import pytest
+
+from airflow_resumable.journal import StepJournal
+from tests import airflow_server
+from tests.airflow_harness import Airflow
+from tests.receivers import DurableReceiver
+from tests.test_airflow_layer import ALL_ITEMS, arm, output, resolve
+
+pytestmark = pytest.mark.airflow
+CONN_ID = "resumable_journal"
+
+
+def use_shared_journal(airflow: Airflow, postgres_url: str) -> None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    parts = conninfo_to_dict(postgres_url)
+    airflow.env[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps({
+        "conn_type": "postgres", "host": parts["host"], "port": int(parts["port"]), "login": parts["user"],
+        "schema": parts["dbname"], "extra": {"connect_timeout": "10"},
+    })
+    airflow.env["AIRFLOW__RESUMABLE__JOURNAL_CONN_ID"] = CONN_ID  # the resolve DAG, the CLI and the page
+    # No journal on this worker's disk: a path under a folder that does not exist (and must not appear).
+    airflow.journal = airflow.home.parent / "no-such-folder" / "journal.sqlite3"
+    airflow.env["AIRFLOW__RESUMABLE__JOURNAL_PATH"] = str(airflow.journal)
+
+
+def wait_for_held(postgres_url: str, proc: subprocess.Popen, timeout: float = 180) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        with StepJournal(postgres_url) as journal:
+            held = journal.held()
+        if held:
+            return held[0].job_id
+        time.sleep(0.5)
+    raise AssertionError("nothing was held in time")
+
+
+def cli(airflow: Airflow, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "airflow_resumable.cli", *args], env=airflow.env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, postgres_url, tmp_path):
+    use_shared_journal(airflow, postgres_url)
+    arm(airflow, "item-041", "before_accept")
+    proc = airflow.popen("dags", "test", "article_shared")
+    try:
+        job_id = wait_for_held(postgres_url, proc)
+        time.sleep(2)  # the sensor pokes and reschedules while item 41 is held
+        assert proc.poll() is None, "the sensor must wait while item 41 is held"
+
+        # The CLI reads the shared journal through the Airflow connection; no file is involved.
+        listed = cli(airflow, "--json", "held")
+        assert listed.returncode == 0, listed.stderr
+        assert [(h["job_id"], h["item_id"], h["reason"]) for h in json.loads(listed.stdout)] == [
+            (job_id, "item-041", "unknown_outcome")]
+        by_url = cli(airflow, "--journal", postgres_url, "--json", "jobs")
+        assert by_url.returncode == 0 and json.loads(by_url.stdout)[0]["job_id"] == job_id, by_url.stderr
+
+        # The Resumable jobs page on an API server of its own (no journal file on its host either).
+        home = airflow.home
+        port = airflow_server.free_port()
+        env = airflow_server.server_env(airflow.env, home, port)
+        server = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
+                                      env, f"http://127.0.0.1:{port}", tmp_path / "api-server.log")
+        try:
+            token = airflow_server.token(server.url)
+            request = urllib.request.Request(f"{server.url}/resumable/jobs/{quote(job_id, safe='')}.json",
+                                             headers={"Authorization": f"Bearer {token}"})
+            with urllib.request.urlopen(request, timeout=60) as response:
+                page = json.loads(response.read())
+        finally:
+            server.stop()
+        assert page["job"]["job_id"] == job_id, page
+        assert [(r["item_id"], r["step"]) for r in page["open_rows"]] == [("item-041", "notify_external")], page
+
+        # The resolve DAG settles item 41 on the shared journal; the sensor lets the second pass run.
+        assert resolve(airflow, job_id=job_id, item_id="item-041", step="notify_external",
+                       decision="not_delivered", note="receiver has no record").returncode == 0, output(airflow)
+        out, _ = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-5000:]
+    states = airflow.task_states("article_shared")
+    # Try 1 failed at item 41 (the receiver refused it); try 2 resumed and held it.
+    assert states[("send", -1)] == ("success", 2)
+    assert {k[0]: v[0] for k, v in states.items()} == {
+        "send": "success", "wait_for_resolution": "success", "second_pass": "success"}
+    summary = airflow.xcom("article_shared", "send")
+    assert summary["journal_kind"] == "postgresql" and summary["journal_path"] is None
+    assert (summary["executed_steps"], summary["skipped_steps"], summary["status"]) == (27, 122, "needs_review")
+    second = airflow.xcom("article_shared", "second_pass")
+    assert (second["job_id"], second["executed_steps"], second["status"]) == (job_id, 1, "completed")
+    counts = DurableReceiver(airflow.receiver).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+    with StepJournal(postgres_url) as journal:
+        (audit,) = journal.resolutions(job_id)
+        assert (audit.decision, audit.resolved_by) == ("not_delivered", "dag_test")
+        assert journal.job(job_id).settled
+    assert not airflow.journal.parent.exists(), "nothing may be written to the worker's local journal path"
