@@ -23,6 +23,7 @@ import json
 import os
 import random
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--journal", required=True)
     parser.add_argument("--receiver", required=True)
     parser.add_argument("--job", required=True)
+    parser.add_argument("--also-job", action="append", default=[],
+                        help="run this job too, at the same time, on a thread with a journal connection of its own")
     parser.add_argument("--items", type=int, default=30)
     parser.add_argument("--durability", choices=("full", "normal"), default="full")
     parser.add_argument("--concurrency", type=int, default=1)
@@ -112,27 +115,49 @@ def main(argv: list[str] | None = None) -> int:
         Step("transform", transform),
         Step("notify_external", notify_external, side_effect=True),
     ]
-    with StepJournal(args.journal, durability=args.durability) as journal:
-        if not args.pause_at:
-            signal_ready(f"STARTED pid={os.getpid()}")
-        started = time.monotonic()
+    def run_job(job: str) -> dict:
+        with StepJournal(args.journal, durability=args.durability) as journal:
+            started = time.monotonic()
+            try:
+                result = run_batch(journal, job, items(args.items), steps, concurrency=args.concurrency,
+                                   runner=f"crash_child:{os.getpid()}")
+            except JobBusyError as exc:
+                return {"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}
+        return {
+            "busy": False,
+            "status": result.status,
+            "executed": result.executed_steps,
+            "skipped": result.skipped_steps,
+            "held": [[h.item_id, h.step, h.reason.value] for h in result.held],
+            "items_total": result.items_total,
+            "items_completed": result.items_completed,
+        }
+
+    others: dict[str, dict] = {}
+
+    def run_other(job: str) -> None:
         try:
-            result = run_batch(journal, args.job, items(args.items), steps, concurrency=args.concurrency,
-                               runner=f"crash_child:{os.getpid()}")
-        except JobBusyError as exc:
-            print(json.dumps({"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}),
-                  flush=True)
-            return EXIT_BUSY
-    print(json.dumps({
-        "busy": False,
-        "status": result.status,
-        "executed": result.executed_steps,
-        "skipped": result.skipped_steps,
-        "held": [[h.item_id, h.step, h.reason.value] for h in result.held],
-        "items_total": result.items_total,
-        "items_completed": result.items_completed,
-    }), flush=True)
-    return EXIT_COMPLETED if result.status == "completed" else EXIT_NEEDS_REVIEW
+            others[job] = run_job(job)
+        except BaseException as exc:  # reported in the summary; the process exits non-zero
+            others[job] = {"error": type(exc).__name__, "message": str(exc)}
+
+    threads = [threading.Thread(target=run_other, args=(job,)) for job in args.also_job]
+    if not args.pause_at:
+        signal_ready(f"STARTED pid={os.getpid()}")
+    for thread in threads:
+        thread.start()
+    summary = run_job(args.job)
+    for thread in threads:
+        thread.join()
+    if others:
+        summary["also"] = others
+    print(json.dumps(summary), flush=True)
+    if summary["busy"]:
+        return EXIT_BUSY
+    if any("error" in other for other in others.values()):
+        return 1
+    everything = [summary, *others.values()]
+    return EXIT_COMPLETED if all(s.get("status") == "completed" for s in everything) else EXIT_NEEDS_REVIEW
 
 
 # ------------------------------------------------------------------------- the parent's side
@@ -145,6 +170,7 @@ class ChildRun:
         self, tmp: Path, journal: Path, receiver: Path, job: str, *, durability: str = "full",
         pause_at: str | None = None, pause_item: str | None = None, release: Path | None = None,
         step_ms: tuple[float, float] = (0.0, 0.0), n_items: int = 30, concurrency: int = 1,
+        also_jobs: tuple[str, ...] = (),
     ) -> None:
         import subprocess
         import uuid
@@ -160,6 +186,8 @@ class ChildRun:
             cmd += ["--pause-at", pause_at, "--pause-item", str(pause_item)]
         if release:
             cmd += ["--release", str(release)]
+        for other in also_jobs:
+            cmd += ["--also-job", other]
         self.started = time.monotonic()
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.pid = self.proc.pid

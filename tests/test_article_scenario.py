@@ -1,4 +1,4 @@
-"""SPEC §0 / issue 2 acceptance 1-2: the article's experiment through the core API."""
+"""The article's experiment through the core API, on a SQLite journal and on a PostgreSQL one."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ JOB = "article/job-1"
     ("mode", "error", "baseline_duplicates", "third_run_executes"),
     [("before_accept", RefusedBeforeAccept, 40, 1), ("after_accept", AcceptedThenLost, 41, 0)],
 )
-def test_article_scenario(tmp_path, mode, error, baseline_duplicates, third_run_executes):
+def test_article_scenario(tmp_path, journal_location, mode, error, baseline_duplicates, third_run_executes):
     items = article_items()
 
     # The plain re-run-all baseline, against its own receiver.
@@ -26,7 +26,7 @@ def test_article_scenario(tmp_path, mode, error, baseline_duplicates, third_run_
 
     receiver = DurableReceiver(tmp_path / "receiver.sqlite3")
     fault = FaultOnce("item-041", mode)
-    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+    with StepJournal(journal_location) as journal:
         with pytest.raises(error):
             run_batch(journal, JOB, items, article_steps(receiver, fault))
         assert len(receiver.counts(JOB)) == (40 if mode == "before_accept" else 41)
@@ -63,11 +63,11 @@ def test_article_scenario(tmp_path, mode, error, baseline_duplicates, third_run_
 
 
 @pytest.mark.parametrize("mode", ["before_accept", "after_accept"])
-def test_verify_finds_receipt_so_nothing_is_held(tmp_path, mode):
+def test_verify_finds_receipt_so_nothing_is_held(tmp_path, journal_location, mode):
     items = article_items()
     receiver = DurableReceiver(tmp_path / "receiver.sqlite3")
     fault = FaultOnce("item-041", mode)
-    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+    with StepJournal(journal_location) as journal:
         with pytest.raises((RefusedBeforeAccept, AcceptedThenLost)):
             run_batch(journal, JOB, items, article_steps(receiver, fault, with_verify=True))
         second = run_batch(journal, JOB, items, article_steps(receiver, fault, with_verify=True))
