@@ -172,7 +172,8 @@ class StepJournal:
 
     def held(self, job_id: str | None = None) -> list[HeldStep]:
         """Steps the runner held for a human, in one job or in all."""
-        query, params = sql.HELD, ()
+        query: str = sql.HELD
+        params: tuple[str, ...] = ()
         if job_id is not None:
             query, params = query + " AND job_id = ?", (job_id,)
         return [HeldStep(r[0], r[1], r[2], HeldReason(r[3])) for r in self._read(query + " ORDER BY 1, 2", params)]
