@@ -232,3 +232,21 @@ def test_claim_timeout_is_checked(postgres_url):
     for bad in (0, 1, -5, "30", True, 10_000):
         with pytest.raises(ValueError, match="claim_timeout"):
             StepJournal(postgres_url, claim_timeout=bad)
+
+
+@pytest.mark.parametrize("location", ["mysql://user@host/db", "sqlite:///journal.db", "http://host/journal"])
+def test_a_url_of_another_kind_is_refused_and_nothing_is_created(tmp_path, monkeypatch, location):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(JournalLocationError, match="not supported"):
+        StepJournal(location)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_server_that_does_not_answer_is_a_clear_error_and_nothing_is_sent():
+    from tests.postgres_server import free_port
+
+    sent: list[str] = []
+    with pytest.raises(JournalConnectionError, match="cannot connect") as info:
+        with StepJournal(f"postgresql://nobody@127.0.0.1:{free_port()}/none", connect_timeout=2) as journal:
+            run_batch(journal, JOB, items(2), sending(sent))
+    assert sent == [] and "nothing was sent" in str(info.value)
