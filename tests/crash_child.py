@@ -115,14 +115,14 @@ def main(argv: list[str] | None = None) -> int:
         Step("transform", transform),
         Step("notify_external", notify_external, side_effect=True),
     ]
-    def run_job(job: str) -> dict:
-        with StepJournal(args.journal, durability=args.durability) as journal:
-            started = time.monotonic()
-            try:
-                result = run_batch(journal, job, items(args.items), steps, concurrency=args.concurrency,
-                                   runner=f"crash_child:{os.getpid()}")
-            except JobBusyError as exc:
-                return {"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}
+
+    def run_job(journal: StepJournal, job: str) -> dict:
+        started = time.monotonic()
+        try:
+            result = run_batch(journal, job, items(args.items), steps, concurrency=args.concurrency,
+                               runner=f"crash_child:{os.getpid()}")
+        except JobBusyError as exc:
+            return {"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}
         return {
             "busy": False,
             "status": result.status,
@@ -137,18 +137,22 @@ def main(argv: list[str] | None = None) -> int:
 
     def run_other(job: str) -> None:
         try:
-            others[job] = run_job(job)
+            with StepJournal(args.journal, durability=args.durability) as journal:
+                others[job] = run_job(journal, job)
         except BaseException as exc:  # reported in the summary; the process exits non-zero
             others[job] = {"error": type(exc).__name__, "message": str(exc)}
 
     threads = [threading.Thread(target=run_other, args=(job,)) for job in args.also_job]
-    if not args.pause_at:
-        signal_ready(f"STARTED pid={os.getpid()}")
-    for thread in threads:
-        thread.start()
-    summary = run_job(args.job)
-    for thread in threads:
-        thread.join()
+    # The journal is open (and migrated) before the parent hears "STARTED": its kill delays count
+    # from the moment the run is about to start.
+    with StepJournal(args.journal, durability=args.durability) as journal:
+        if not args.pause_at:
+            signal_ready(f"STARTED pid={os.getpid()}")
+        for thread in threads:
+            thread.start()
+        summary = run_job(journal, args.job)
+        for thread in threads:
+            thread.join()
     if others:
         summary["also"] = others
     print(json.dumps(summary), flush=True)

@@ -144,7 +144,6 @@ def test_server_crash_mid_batch_then_resume_delivers_each_item_once(tmp_path, co
                 f"{summary}\n{err}"
             )
             assert "Retry the task once the database is reachable" in last, last
-        print("DEBUG STDERR:", err)
         counts = receiver.counts(CRASH_JOB)
         print(f"{context}: crash after {delivered_before} deliveries; the runner had delivered {len(counts)} "
               f"when it stopped (exit code {code})")
@@ -443,18 +442,17 @@ def test_runner_cut_off_from_the_server_loses_the_job_and_sends_nothing_more(tmp
             capture_output=True, text=True, timeout=60, check=False,
         )
         assert probe.returncode == 0, f"the link did not come back: {probe.stderr}"
-        release.touch()
+        release.touch()  # (cut_at=local: A carries on only now, with the link back)
         code = a.wait(timeout=3 * CLAIM_TIMEOUT)
         time.sleep(2)
-        assert code != 0, f"{context}: A must not complete the job it lost:\n{a.describe()}"
-        err = a.stderr()
-        print("DEBUG A:", a.describe(), "cut", cut, "now", time.monotonic())
-        last = err.strip().splitlines()[-1] if err.strip() else ""
-        assert code == 1 and "JournalConnectionError" in last and "lost the connection" in last, (
-            f"{context}: A must stop with a clear connection error:\n{a.describe()}"
-        )
-        assert receiver.counts(CUT_JOB) == finished, f"{context}: A sent after losing the job"
+        assert receiver.counts(CUT_JOB) == finished, f"{context}: A sent after losing the job:\n{a.describe()}"
         delivered_by_a = sorted(e["item"] for e in a.of("delivered"))
         expected_a = ids[:5] + ([CUT_ITEM] if cut_at == "before_send" else [])
         assert delivered_by_a == expected_a, f"{context}: A delivered {delivered_by_a}"
+        err = a.stderr()
+        last = err.strip().splitlines()[-1] if err.strip() else ""
+        assert code == 1 and "JournalConnectionError" in last and "lost the connection" in last, (
+            f"{context}: A must stop with a clear connection error, not complete the job it lost:\n{a.describe()}"
+        )
+        print(f"{context}: A stopped with: {last[:110]}...")
         _check_complete(url, receiver, CUT_JOB, ids, decisions, context)

@@ -229,7 +229,7 @@ def test_a_runner_whose_session_is_terminated_starts_no_further_send(postgres_ur
 
 
 def test_claim_timeout_is_checked(postgres_url):
-    for bad in (0, 1, -5, "30", True, 10_000):
+    for bad in (0, 1, 4.9, -5, "30", True, 10_000):
         with pytest.raises(ValueError, match="claim_timeout"):
             StepJournal(postgres_url, claim_timeout=bad)
 
@@ -250,3 +250,36 @@ def test_a_server_that_does_not_answer_is_a_clear_error_and_nothing_is_sent():
         with StepJournal(f"postgresql://nobody@127.0.0.1:{free_port()}/none", connect_timeout=2) as journal:
             run_batch(journal, JOB, items(2), sending(sent))
     assert sent == [] and "nothing was sent" in str(info.value)
+
+
+def test_a_refused_statement_is_not_a_lost_session_and_the_claim_is_given_back(postgres_url):
+    """A lock timeout (the session is fine) fails the run with a plain JournalError; the claim is
+    released at the end of the run, so the next runner gets the job at once."""
+    from airflow_resumable.journal import JobBusyError, JournalError
+
+    sent: list[str] = []
+    blocker = admin(postgres_url)
+    journal = StepJournal(postgres_url)
+    journal._conn.execute("SET lock_timeout = '300ms'")
+
+    def block_the_journal_at_item_3(ctx: StepContext) -> None:
+        if ctx.item_id == "item-003":
+            blocker.execute("BEGIN")
+            blocker.execute("LOCK TABLE resumable.steps IN ACCESS EXCLUSIVE MODE")
+
+    try:
+        with pytest.raises(JournalError) as info:
+            run_batch(journal, JOB, items(10), sending(sent, hook=block_the_journal_at_item_3))
+        assert not isinstance(info.value, JournalConnectionError), info.value
+        assert "refused a statement" in str(info.value)
+        assert sent == ["item-001", "item-002", "item-003"]
+        blocker.execute("ROLLBACK")
+        with StepJournal(postgres_url) as other:
+            with other.open_job(JOB):  # not JobBusyError: the failed run gave its claim back
+                pass
+        assert journal.jobs()  # the same journal object still works: its session was never lost
+    except JobBusyError as exc:  # pragma: no cover - the failure this test exists for
+        raise AssertionError(f"the claim was kept after a refused statement: {exc}") from None
+    finally:
+        journal.close()
+        blocker.close()

@@ -21,9 +21,12 @@ and within ``claim_timeout`` seconds when its host vanishes or is cut off (TCP k
 connection broke stops with :class:`~airflow_resumable.journal.errors.JournalConnectionError`
 before its next mark, so it never starts another send after its claim could have passed on.
 
-Session locks need a connection that stays one server session: connect directly or through a
-pooler in *session* mode. A pooler in transaction or statement mode (PgBouncer's default for many
-deployments) is detected when a job is claimed and refused.
+Session locks need a connection that stays one server session: connect directly. Through a pooler
+in transaction or statement mode each transaction may run in another server session: that is
+detected when a job is claimed (where the pooler lets it show) and refused. Through a pooler in
+session mode claims hold, but the ``claim_timeout`` bound then covers only the pooler's own
+connection to the server: a runner cut off from the pooler keeps its claim until the pooler gives
+up on it (its own TCP keepalive settings).
 
 There is no receipt log beside the journal (the next run may be on another host): a delivered
 send's receipt is committed right after the send returns, with ``synchronous_commit=off``, before
@@ -158,9 +161,9 @@ class PostgresJournal(StepJournal):
                 "(letters, digits and _, at most 63 characters)"
             )
         if isinstance(claim_timeout, bool) or not isinstance(claim_timeout, (int, float)) or not (
-            3 <= claim_timeout <= 3600
+            5 <= claim_timeout <= 3600
         ):
-            raise ValueError(f"claim_timeout must be a number of seconds from 3 to 3600, not {claim_timeout!r}")
+            raise ValueError(f"claim_timeout must be a number of seconds from 5 to 3600, not {claim_timeout!r}")
         self.schema = schema
         self.claim_timeout = float(claim_timeout)
         self.location = f"{redacted(url)} (schema {schema})"
@@ -284,13 +287,16 @@ class PostgresJournal(StepJournal):
     @property
     def _connection(self) -> Any:
         if self._lost is not None:
-            raise self._lost  # never reconnect: a new session would not hold this run's claim
+            # Never reconnect: a new session would not hold this run's claim.
+            raise JournalConnectionError(str(self._lost))
         if self._conn is None:
             raise JournalError(f"journal {self.location} is closed")
         return self._conn
 
     def _failed(self, exc: Exception) -> JournalError:
-        if isinstance(exc, psycopg.OperationalError) or self._conn is None or self._conn.broken:
+        """The journal's error for a failed statement. A lost connection is final for this object."""
+        conn = self._conn
+        if conn is None or conn.broken or conn.closed:
             self._lost = JournalConnectionError(
                 f"lost the connection to the journal database {self.location} ({type(exc).__name__}). Its "
                 "claim on the job ended with it, so no further send was started; sends already in flight "
@@ -298,7 +304,11 @@ class PostgresJournal(StepJournal):
                 "reachable."
             )
             return self._lost
-        return JournalError(f"the journal database {self.location} refused a statement ({type(exc).__name__})")
+        # The session (and any claim it holds) is still there: a timeout, a cancel, a refused statement.
+        return JournalError(
+            f"the journal database {self.location} refused a statement ({type(exc).__name__}); nothing more "
+            "was sent. Retry the task; if it persists, check the server's log and the role's privileges."
+        )
 
     @contextlib.contextmanager
     def _write(self, *, durable: bool) -> Iterator[PgTx]:
@@ -361,7 +371,7 @@ class PostgresJournal(StepJournal):
         """Who holds the claim with this key: for messages, and the runner name it gave."""
         try:
             row = self._conn.execute(
-                """SELECT a.application_name, a.client_addr::text, a.backend_start
+                """SELECT a.application_name, host(a.client_addr), a.backend_start
                    FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
                    WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1
                      AND l.classid::bigint = %s AND l.objid::bigint = %s
