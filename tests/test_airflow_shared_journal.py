@@ -29,14 +29,19 @@ pytestmark = pytest.mark.airflow
 CONN_ID = "resumable_journal"
 
 
-def use_shared_journal(airflow: Airflow, postgres_url: str) -> None:
+def connection(postgres_url: str) -> str:
+    """An Airflow Postgres connection (JSON, as AIRFLOW_CONN_<ID> takes it) for the database of ``postgres_url``."""
     from psycopg.conninfo import conninfo_to_dict
 
     parts = conninfo_to_dict(postgres_url)
-    airflow.env[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = json.dumps({
+    return json.dumps({
         "conn_type": "postgres", "host": parts["host"], "port": int(parts["port"]), "login": parts["user"],
         "schema": parts["dbname"], "extra": {"connect_timeout": "10"},
     })
+
+
+def use_shared_journal(airflow: Airflow, postgres_url: str) -> None:
+    airflow.env[f"AIRFLOW_CONN_{CONN_ID.upper()}"] = connection(postgres_url)
     airflow.env["AIRFLOW__RESUMABLE__JOURNAL_CONN_ID"] = CONN_ID  # the resolve DAG, the CLI and the page
     # No journal on this worker's disk: a path under a folder that does not exist (and must not appear).
     airflow.journal = airflow.home.parent / "no-such-folder" / "journal.sqlite3"
@@ -119,3 +124,20 @@ def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, postgr
         assert (audit.decision, audit.resolved_by) == ("not_delivered", "dag_test")
         assert journal.job(job_id).settled
     assert not airflow.journal.parent.exists(), "nothing may be written to the worker's local journal path"
+
+
+def test_a_retry_configured_with_another_shared_journal_is_refused_and_sends_nothing(airflow, postgres, postgres_url):
+    """Any worker may resume from the shared journal, but not from a *different* one: the journal's
+    identity recorded in task_state_store refuses a retry whose connection names another database."""
+    use_shared_journal(airflow, postgres_url)
+    other = postgres.new_database()
+    airflow.env["RESUMABLE_TEST_OTHER_JOURNAL_CONN"] = connection(other)
+    arm(airflow, "item-011", "switch_journal")
+    assert airflow.dags_test("article_shared_plain").returncode != 0
+    log = output(airflow)
+    assert airflow.task_states("article_shared_plain") == {("send", -1): ("failed", 2)}
+    assert "this job's journal is the shared journal" in log and "Nothing was sent" in log, log[-3000:]
+    counts = DurableReceiver(airflow.receiver).counts()
+    assert sorted(counts) == ALL_ITEMS[:10] and set(counts.values()) == {1}
+    with StepJournal(other) as journal:
+        assert journal.jobs() == []  # the retry wrote nothing to the other journal

@@ -58,8 +58,16 @@ def _move_journal_away() -> None:
             os.rename(journal + suffix, journal + suffix + ".elsewhere")
 
 
+def _switch_shared_journal() -> None:
+    """As if the retry were configured with another shared journal: the connection now names another database."""
+    os.environ["AIRFLOW_CONN_RESUMABLE_JOURNAL"] = os.environ["RESUMABLE_TEST_OTHER_JOURNAL_CONN"]
+
+
 def notify(item, ctx):
     if _fire(ctx.item_id, "before_accept"):
+        raise RefusedBeforeAccept()
+    if _fire(ctx.item_id, "switch_journal"):
+        _switch_shared_journal()
         raise RefusedBeforeAccept()
     if _fire(ctx.item_id, "lose_journal"):
         _move_journal_away()

@@ -64,3 +64,7 @@ with DAG("article_shared", schedule=None, start_date=start, default_args=default
         job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
     )
     first >> wait >> second
+
+with DAG("article_shared_plain", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
+                           journal_conn_id="resumable_journal")
