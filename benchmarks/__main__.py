@@ -2,7 +2,9 @@
 
 Each section runs in a child process of its own (fresh interpreter: peak RSS, SQLite's caches and
 DBOS's global state do not leak from one figure into the next); ours and the compared side are
-measured inside the same child, interleaved where repetitions are cheap. A full run writes
+measured inside the same child, interleaved where repetitions are cheap. The ``*_postgres``
+sections start a throwaway PostgreSQL cluster in their child and destroy it (skipped, with the
+reason, where PostgreSQL's server binaries or psycopg are missing). A full run writes
 ``benchmarks/results.json`` and the table between the ``bench`` markers in README.md.
 """
 
@@ -26,7 +28,8 @@ from benchmarks import report
 
 REPO = Path(__file__).resolve().parents[1]
 
-SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency")
+SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency",
+            "peer_postgres", "concurrency_postgres", "scaleout_postgres")
 
 # Sizes of a full run and of --quick. --n caps every item count (the smoke test uses it).
 SIZES: dict[str, dict[str, dict[str, int]]] = {
@@ -38,6 +41,10 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "memory": {"n": 1_000_000},
         "peer": {"n": 200, "reps": 3},  # DBOS takes milliseconds per step
         "concurrency": {"n": 10_000, "serial_n": 2_000},
+        "peer_postgres": {"n": 200, "reps": 3},
+        "concurrency_postgres": {"n": 10_000, "serial_n": 2_000},
+        # n items per runner process; 1 runner, then 8 at once, 3 times (the median repetition is reported).
+        "scaleout_postgres": {"n": 1_000, "processes": 8, "reps": 3},
     },
     "quick": {
         "article": {"trials": 2},
@@ -46,6 +53,9 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "memory": {"n": 20_000},
         "peer": {"n": 30, "reps": 1},
         "concurrency": {"n": 500, "serial_n": 200},
+        "peer_postgres": {"n": 30, "reps": 1},
+        "concurrency_postgres": {"n": 500, "serial_n": 200},
+        "scaleout_postgres": {"n": 100, "processes": 8, "reps": 1},
     },
 }
 
@@ -75,6 +85,18 @@ def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
         from benchmarks import concurrency
 
         return concurrency.measure(params["n"], serial_n=params["serial_n"])
+    if name == "peer_postgres":
+        from benchmarks import peer_dbos
+
+        return peer_dbos.measure_postgres(params["n"], params["reps"])
+    if name == "concurrency_postgres":
+        from benchmarks import concurrency
+
+        return concurrency.measure_postgres(params["n"], serial_n=params["serial_n"])
+    if name == "scaleout_postgres":
+        from benchmarks import scaleout
+
+        return scaleout.measure(params["n"], processes=params["processes"], reps=params["reps"])
     raise SystemExit(f"unknown section {name!r}")
 
 
@@ -109,7 +131,9 @@ def _meta(quick: bool, argv: list[str]) -> dict[str, Any]:
 
 def _print_section(name: str, result: dict[str, Any]) -> None:
     if "skipped" in result:
-        print(result["skipped"] if name == "concurrency" else f"{name}: skipped: {result['skipped']}")
+        # The concurrency sections' "not available in this build" message names itself.
+        skipped = result["skipped"]
+        print(skipped if skipped.startswith("concurrency:") else f"{name}: skipped: {skipped}")
     elif "error" in result:
         print(f"{name}: ERROR: {result['error']}")
     elif name == "article":

@@ -6,6 +6,12 @@ the receiver's for the GIL. Each runner thread keeps one keep-alive ``http.clien
 The receiver counts requests per idempotency key, so a concurrent run that sent anything twice
 would show it.
 
+Two sections: ``concurrency`` (:func:`measure`) on a SQLite journal, ``concurrency_postgres``
+(:func:`measure_postgres`) on a PostgreSQL journal in a throwaway cluster of its own
+(:mod:`benchmarks.pg`), both at full durability. On PostgreSQL the commits that count are the
+synchronous ones (``synchronous_commit=on``, each a WAL flush the runner waits for: the commits of
+``IN_FLIGHT`` marks); every write transaction is reported beside them.
+
 ``concurrency=`` is being added to ``run_batch`` separately; a build without it reports the section
 as not available instead of failing.
 """
@@ -14,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import http.client
 import inspect
 import json
@@ -23,7 +30,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -152,9 +159,23 @@ def _run(journal: StepJournal, job_id: str, n: int, steps: list[Step], concurren
     raise RuntimeError(NOT_AVAILABLE)
 
 
-def measure(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000) -> dict[str, Any]:
-    """Items per second at each level. The ``concurrency=1`` run streams only ``serial_n`` items:
-    throughput is a rate, and 10,000 serial sends at ~6 ms would add a minute to ``make bench``."""
+@contextlib.contextmanager
+def _fresh_journal(journal_url: str | None, level: int) -> Iterator[StepJournal]:
+    """A new full-durability journal for one level: a SQLite file, or a schema of its own in ``journal_url``."""
+    if journal_url is not None:
+        with StepJournal(journal_url, durability="full", schema=f"concurrency_{level}") as journal:
+            yield journal
+        return
+    with tempfile.TemporaryDirectory() as tmp, StepJournal(Path(tmp) / "j.sqlite3", durability="full") as journal:
+        yield journal
+
+
+def measure(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000,
+            journal_url: str | None = None) -> dict[str, Any]:
+    """Items per second at each level, on a SQLite journal or, given ``journal_url``, a PostgreSQL one.
+
+    The ``concurrency=1`` run streams only ``serial_n`` items: throughput is a rate, and 10,000
+    serial sends at ~6 ms would add a minute to ``make bench``."""
     if not supports_concurrency() and levels != (1,):
         return {"skipped": NOT_AVAILABLE}
     runs: dict[str, Any] = {}
@@ -165,11 +186,10 @@ def measure(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000) ->
             steps = [Step("validate", lambda item, ctx: None), Step("transform", lambda item, ctx: None),
                      Step("notify", client.send, side_effect=True)]
             before = receiver.stats()
-            with tempfile.TemporaryDirectory() as tmp, StepJournal(Path(tmp) / "j.sqlite3", durability="full") as journal:
+            with _fresh_journal(journal_url, level) as journal:
                 start = time.perf_counter()
                 result = _run(journal, f"concurrency-{level}", level_n, steps, level)
                 seconds = time.perf_counter() - start
-                fsyncs = journal.fsync_count
             client.close()
             after = receiver.stats()
             if result.executed_steps != 3 * level_n:
@@ -178,16 +198,37 @@ def measure(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000) ->
                 "items": level_n,
                 "seconds": seconds,
                 "items_per_second": level_n / seconds,
-                "fsyncs_per_item": fsyncs / level_n,
+                "commits_per_item": journal.commit_count / level_n,
+                "durable_commits_per_item": journal.durable_commit_count / level_n,
                 "sends": after["requests"] - before["requests"],
                 "duplicate_sends": after["duplicates"] - before["duplicates"],
             }
+            if journal_url is None:
+                runs[str(level)]["fsyncs_per_item"] = journal.fsync_count / level_n  # type: ignore[attr-defined]
     figures: dict[str, Any] = {"n": n, "reply_ms": REPLY_SECONDS * 1e3, "durability": "full", "runs": runs}
     if len(levels) == 2:
         low, high = (runs[str(level)] for level in levels)
-        figures |= {"levels": list(levels), "throughput_ratio": high["items_per_second"] / low["items_per_second"],
-                    "fsyncs_per_item": high["fsyncs_per_item"]}
+        figures |= {"levels": list(levels), "throughput_ratio": high["items_per_second"] / low["items_per_second"]}
+        if journal_url is None:
+            figures["fsyncs_per_item"] = high["fsyncs_per_item"]
+        else:
+            figures |= {"durable_commits_per_item": high["durable_commits_per_item"],
+                        "commits_per_item": high["commits_per_item"]}
     return figures
+
+
+def measure_postgres(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000) -> dict[str, Any]:
+    """:func:`measure` on a PostgreSQL journal in a throwaway cluster started (and destroyed) here."""
+    from benchmarks import pg
+
+    if not supports_concurrency() and levels != (1,):
+        return {"skipped": NOT_AVAILABLE}
+    if (why := pg.unavailable()) is not None:
+        return {"skipped": why}
+    with pg.throwaway_server() as server:
+        figures = measure(n, levels, serial_n, journal_url=server.new_database())
+        version = server.version()
+    return {"engine": "postgresql", "postgres_version": version} | figures
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ class Row:
     ours: str
     other: str
     value: float | None  # the ratio (or figure) the target is about; None when not measured
-    op: str
+    op: str  # "" for an informational figure: no target, result INFO
     limit: float
     shown: str  # how the value is printed
     note: str = ""  # why there is no value (skipped, not available)
@@ -32,10 +32,14 @@ class Row:
     def result(self) -> str:
         if self.value is None:
             return "SKIP"
+        if not self.op:
+            return "INFO"
         return "PASS" if _OPS[self.op](self.value, self.limit) else "FAIL"
 
     @property
     def target(self) -> str:
+        if not self.op:
+            return "—"  # informational: no target
         if self.op == "==":
             return "identical" if self.figure.startswith("article") else f"= {self.limit:g}"
         return f"{self.op} {self.limit:g}{self.unit}"
@@ -112,6 +116,52 @@ def rows(sections: dict[str, Any]) -> list[Row]:
     else:
         out.append(_missing("throughput, 4 ms receiver, concurrency=16 vs 1", ">=", 10, c))
         out.append(_missing("fsyncs per item at concurrency=16", "<=", 0.25, c))
+    return out + _postgres_rows(sections)
+
+
+def _pg(section: dict[str, Any]) -> str:
+    return f"PostgreSQL {section['postgres_version'].split()[0]}"
+
+
+def _postgres_rows(sections: dict[str, Any]) -> list[Row]:
+    out: list[Row] = []
+    p = sections.get("peer_postgres")
+    if p and "ratio" in p:
+        out.append(Row(f"cost per step on {_pg(p)}, ours FULL vs DBOS {p['dbos_version']} (N={p['n']:,}, "
+                       f"{p['dbos_shape_used']})", _us(p["ours_full_us_per_step"]), f"DBOS {_us(p['dbos_us_per_step'])}",
+                       p["ratio"], "<=", 0.2, f"{p['ratio']:.3f}"))
+    elif p and "ours_full_us_per_step" in p:  # ours measured, DBOS not installed
+        out.append(Row(f"cost per step on {_pg(p)}, ours FULL vs DBOS (N={p['n']:,})", _us(p["ours_full_us_per_step"]),
+                       "", None, "<=", 0.2, "—", p["dbos_skipped"]))
+    else:
+        out.append(_missing("cost per step on PostgreSQL, ours FULL vs DBOS", "<=", 0.2, p))
+    c = sections.get("concurrency_postgres")
+    if c and "throughput_ratio" in c:
+        low, high = (c["runs"][str(level)] for level in c["levels"])
+        level = c["levels"][1]
+        out.append(Row(f"throughput on {_pg(c)}, 4 ms receiver, concurrency={level} vs {c['levels'][0]} (FULL)",
+                       f"{high['items_per_second']:,.0f} items/s", f"{low['items_per_second']:,.0f} items/s",
+                       c["throughput_ratio"], ">=", 10, f"{c['throughput_ratio']:.2f}"))
+        durable = c["durable_commits_per_item"]
+        out.append(Row(f"synchronous commits per item on {_pg(c)} at concurrency={level} ({high['items']:,} items)",
+                       f"{durable:.3f}", "", durable, "<=", 0.25, f"{durable:.3f}"))
+        commits = c["commits_per_item"]
+        out.append(Row(f"write transactions per item on {_pg(c)} at concurrency={level} (synchronous or not)",
+                       f"{commits:.3f}", "", commits, "", 0, f"{commits:.3f}"))
+        dups = sum(run["duplicate_sends"] for run in c["runs"].values())
+        out.append(Row(f"duplicate sends under concurrency on {_pg(c)}", str(dups), "", float(dups), "==", 0.0, str(dups)))
+    else:
+        out.append(_missing("throughput on PostgreSQL, 4 ms receiver, concurrency=16 vs 1", ">=", 10, c))
+        out.append(_missing("synchronous commits per item on PostgreSQL at concurrency=16", "<=", 0.25, c))
+    s = sections.get("scaleout_postgres")
+    if s and "throughput_ratio" in s:
+        one, many = s["runs"]["1"], s["runs"][str(s["processes"])]
+        out.append(Row(f"aggregate throughput on one {_pg(s)} journal, {s['processes']} runner processes vs 1 "
+                       f"(FULL, {s['n_per_process']:,} items each)", f"{many['items_per_second']:,.0f} items/s",
+                       f"1 process {one['items_per_second']:,.0f} items/s", s["throughput_ratio"], "", 0,
+                       f"{s['throughput_ratio']:.2f}"))
+    else:
+        out.append(_missing("aggregate throughput on one PostgreSQL journal, 8 runner processes vs 1", "", 0, s))
     return out
 
 
@@ -161,7 +211,10 @@ def article_table(article: dict[str, Any]) -> str:
 def text_table(all_rows: list[Row]) -> str:
     lines = []
     for row in all_rows:
-        detail = row.note if row.value is None else f"{row.shown} (target {row.target})"
+        if row.value is None:
+            detail = row.note
+        else:
+            detail = f"{row.shown} ({'informational, no target' if not row.op else 'target ' + row.target})"
         versus = f" vs {row.other}" if row.other else ""
         lines.append(f"[{row.result}] {row.figure}: {row.ours}{versus} -> {detail}")
     return "\n".join(lines)

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.runner import Step
-from benchmarks import article_experiment, concurrency, report
+from benchmarks import article_experiment, concurrency, peer_dbos, pg, report, scaleout
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
 
 REPO = Path(__file__).resolve().parents[1]
@@ -65,8 +65,75 @@ def test_every_section_reports_a_figure_or_says_why_not(quick_results):
     else:
         assert "concurrency: not available in this build" in quick_results["stdout"]
     results = {t["figure"].split(" (")[0]: t["result"] for t in quick_results["targets"]}
-    assert set(results.values()) <= {"PASS", "FAIL", "SKIP"}
+    assert set(results.values()) <= {"PASS", "FAIL", "SKIP", "INFO"}
     assert all(line.startswith("[") for line in report.text_table(report.rows(sections)).splitlines())
+
+
+POSTGRES_SECTIONS = ("peer_postgres", "concurrency_postgres", "scaleout_postgres")
+
+
+def test_the_postgres_sections_run_where_postgres_is_installed(quick_results):
+    """With PostgreSQL's server binaries (and psycopg) here, none of the PostgreSQL sections is skipped."""
+    sections = quick_results["sections"]
+    why = pg.unavailable()
+    if why is not None:
+        assert all(sections[name]["skipped"] == why for name in POSTGRES_SECTIONS)
+        pytest.skip(why)
+    assert not [name for name in POSTGRES_SECTIONS if "skipped" in sections[name] or "error" in sections[name]]
+    figures = [t for t in quick_results["targets"] if "PostgreSQL" in t["figure"]]
+    assert len(figures) == 6
+    # Every PostgreSQL figure is measured; only the DBOS comparison may lack its peer (the bench extra).
+    assert all(t["result"] in ("PASS", "FAIL", "INFO") or "dbos is not installed" in t["note"] for t in figures)
+
+
+def test_peer_postgres_runs_both_sides_with_one_synchronous_commit_per_item(quick_results):
+    peer = quick_results["sections"]["peer_postgres"]
+    if "skipped" in peer:
+        pytest.skip(peer["skipped"])
+    assert peer["n"] == 30 and peer["postgres_version"] and "ours_full_us_per_step" in peer
+    if "dbos_skipped" in peer:  # our side measured on PostgreSQL all the same
+        assert "dbos is not installed" in peer["dbos_skipped"] and "ratio" not in peer
+    else:
+        assert set(peer["dbos_us_per_step_by_shape"]) == {"per_item", "per_batch"} and "ratio" in peer
+    assert peer["ours_full_durable_commits_per_item"] == 1.0  # each send's IN_FLIGHT mark, nothing else
+    assert peer["ours_full_commits_per_item"] >= 1.0
+
+
+def test_concurrency_postgres_sends_every_item_once(quick_results):
+    c = quick_results["sections"]["concurrency_postgres"]
+    if "skipped" in c:
+        pytest.skip(c["skipped"])
+    assert c["engine"] == "postgresql" and c["levels"] == [1, 16]
+    for level, run in c["runs"].items():
+        assert run["items"] == 200 and run["sends"] == 200 and run["duplicate_sends"] == 0, level
+        assert 0 < run["durable_commits_per_item"] <= run["commits_per_item"]
+    assert c["runs"]["1"]["durable_commits_per_item"] == 1.0
+    assert c["durable_commits_per_item"] == c["runs"]["16"]["durable_commits_per_item"]
+    assert c["commits_per_item"] == c["runs"]["16"]["commits_per_item"]
+
+
+def test_scaleout_postgres_runs_every_runners_job_to_the_end(quick_results):
+    s = quick_results["sections"]["scaleout_postgres"]
+    if "skipped" in s:
+        pytest.skip(s["skipped"])
+    assert (s["processes"], s["n_per_process"], s["jobs_in_journal"]) == (8, 100, 9)
+    assert s["runs"]["1"]["items"] == 100 and s["runs"]["8"]["items"] == 800
+    assert len(s["runs"]["8"]["runner_seconds"]) == 8
+    for run in s["runs"].values():
+        assert run["durable_commits_per_item"] == 1.0 and run["commits_per_item"] >= 1.0
+    assert "throughput_ratio" in s
+
+
+def test_the_postgres_sections_say_why_they_are_skipped_without_postgres(monkeypatch):
+    monkeypatch.setattr(pg, "unavailable", lambda: pg.SKIPPED_NO_SERVER)
+    sections = {"peer_postgres": peer_dbos.measure_postgres(10), "concurrency_postgres": concurrency.measure_postgres(10),
+                "scaleout_postgres": scaleout.measure(10)}
+    assert sections["peer_postgres"] == sections["scaleout_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
+    if concurrency.supports_concurrency():
+        assert sections["concurrency_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
+    rows = [r for r in report.rows(sections) if "PostgreSQL" in r.figure]
+    assert len(rows) == 4
+    assert all(r.result == "SKIP" and r.note in (pg.SKIPPED_NO_SERVER, concurrency.NOT_AVAILABLE) for r in rows)
 
 
 def test_the_baseline_resumes_the_articles_way(tmp_path):
