@@ -10,7 +10,15 @@ session advisory-lock claims). Nothing above this seam knows which one it talks 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
+
+
+class Statement(NamedTuple):
+    """One statement of a write: ``params`` for one execution, or (``many``) a list of them."""
+
+    sql: str
+    params: Sequence[Any]
+    many: bool = False
 
 
 class Tx(Protocol):
@@ -75,6 +83,16 @@ class JournalBackend(Protocol):
         ``durable``: the transaction guards a send (an IN_FLIGHT mark) or settles one (a
         resolution); under ``durability="full"`` it is on stable storage when the block exits.
         """
+        ...
+
+    _max_params: int  # bound parameters one statement may carry
+
+    def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+        """Statements that upsert these ``steps`` rows (``statements.UPSERT_ROW`` parameters each)."""
+        ...
+
+    def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
+        """Commit these statements as one write (``durable`` as for :meth:`_write`); results unread."""
         ...
 
     def _scratch(self) -> Any:

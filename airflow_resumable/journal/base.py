@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import Claim, ReceiptLog, Tx
+from airflow_resumable.journal.backend import Claim, ReceiptLog, Statement, Tx
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JournalLocationError,
@@ -99,6 +99,23 @@ class StepJournal:
 
     def _scratch(self) -> contextlib.AbstractContextManager[Tx]:
         raise NotImplementedError
+
+    @property
+    def _max_params(self) -> int:
+        raise NotImplementedError
+
+    def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+        from airflow_resumable.journal.jobrun import upsert_statements
+
+        return upsert_statements(rows, self._max_params)
+
+    def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
+        with self._write(durable=durable) as tx:
+            for statement in statements:
+                if statement.many:
+                    tx.many(statement.sql, statement.params)
+                else:
+                    tx.run(statement.sql, statement.params)
 
     def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
         raise NotImplementedError

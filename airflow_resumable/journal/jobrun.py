@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import Claim, Tx
+from airflow_resumable.journal.backend import Claim, Statement
 from airflow_resumable.journal.base import BRIEF_HOLDERS, StepJournal
 from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
@@ -29,24 +29,31 @@ def _step_key(params: Sequence[Any]) -> tuple[Any, Any, Any]:
     return params[0], params[1], params[2]
 
 
-def upsert_many(tx: Tx, rows: Sequence[Sequence[Any]]) -> None:
-    """Upsert ``rows`` in as few statements as the engine allows.
-
-    A statement never carries the same step twice (PostgreSQL refuses to update one row twice in a
-    statement); the rows are applied in order, as if one by one.
-    """
-    limit = max(1, min(UPSERT_ROWS_PER_STATEMENT, tx.max_params // sql.UPSERT_VALUES_PER_ROW))
+def without_repeats(rows: Sequence[Sequence[Any]], limit: int) -> list[list[Sequence[Any]]]:
+    """``rows`` in order, cut into parts of at most ``limit`` rows that never carry one step twice
+    (PostgreSQL refuses to update one row twice in a statement): applied part by part, as if row by row."""
+    parts: list[list[Sequence[Any]]] = []
     part: list[Sequence[Any]] = []
     keys: set[tuple[Any, Any, Any]] = set()
     for row in rows:
         key = _step_key(row)
         if len(part) == limit or key in keys:
-            tx.run(sql.upsert_rows(len(part)), [value for r in part for value in r])
+            parts.append(part)
             part, keys = [], set()
         part.append(row)
         keys.add(key)
     if part:
-        tx.run(sql.upsert_rows(len(part)), [value for r in part for value in r])
+        parts.append(part)
+    return parts
+
+
+def upsert_statements(rows: Sequence[Sequence[Any]], max_params: int) -> list[Statement]:
+    """``rows`` as few multi-row upsert statements as the engine's parameter limit allows."""
+    limit = max(1, min(UPSERT_ROWS_PER_STATEMENT, max_params // sql.UPSERT_VALUES_PER_ROW))
+    return [
+        Statement(sql.upsert_rows(len(part)), [value for row in part for value in row])
+        for part in without_repeats(rows, limit)
+    ]
 
 
 class JobRun:
@@ -279,19 +286,21 @@ class JobRun:
         return sql.TOUCH_JOB, (self.job_id, now, now, self._runner)
 
     def _commit(self, pending: list[Record], durable: bool) -> None:
-        with self.journal._write(durable=durable) as tx:
-            # Consecutive records of one kind go in one statement (upserts) or one executemany.
-            start = 0
-            while start < len(pending):
-                statement = pending[start][0]
-                end = start
-                while end < len(pending) and pending[end][0] == statement:
-                    end += 1
-                if statement is sql.UPSERT:
-                    upsert_many(tx, [params for _, params in pending[start:end]])
-                else:
-                    tx.many(statement, [params for _, params in pending[start:end]])
-                start = end
+        # Consecutive records of one kind go in one statement (upserts) or one executemany.
+        statements: list[Statement] = []
+        start = 0
+        while start < len(pending):
+            statement = pending[start][0]
+            end = start
+            while end < len(pending) and pending[end][0] == statement:
+                end += 1
+            rows = [params for _, params in pending[start:end]]
+            if statement is sql.UPSERT:
+                statements += self.journal._upsert_statements(rows)
+            else:
+                statements.append(Statement(statement, rows, many=True))
+            start = end
+        self.journal._apply(statements, durable=durable)
 
     def close(self) -> None:
         try:

@@ -46,6 +46,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.backend import Statement
 from airflow_resumable.journal.base import BRIEF_HOLDERS, Durability, StepJournal
 from airflow_resumable.journal.errors import (
     JobBusyError,
@@ -55,6 +56,7 @@ from airflow_resumable.journal.errors import (
     JournalLocationError,
     JournalVersionError,
 )
+from airflow_resumable.journal.jobrun import without_repeats
 from airflow_resumable.journal.schema import POSTGRES_FIRST_VERSION, POSTGRES_MIGRATIONS, SCHEMA_VERSION
 
 try:
@@ -69,6 +71,8 @@ DEFAULT_CLAIM_TIMEOUT = 30.0
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # The parameter limit of one statement in PostgreSQL's wire protocol.
 _MAX_PARAMS = 65535
+# Rows per array upsert: large enough for any group commit, small enough for a short statement.
+UPSERT_ARRAY_ROWS = 5000
 
 
 @functools.lru_cache(maxsize=1024)
@@ -316,11 +320,52 @@ class PostgresJournal(StepJournal):
         conn = self._connection
         synchronous = durable and self.durability == "full"
         try:
-            with conn.transaction(), conn.cursor() as cursor:
-                if synchronous:
-                    # This commit guards a send: it returns only once the server's WAL is on disk.
-                    cursor.execute("SET LOCAL synchronous_commit = on")
-                yield PgTx(cursor)
+            with conn.cursor() as cursor:
+                # BEGIN and the commit's durability in one round trip (one simple query): this
+                # transaction guards a send, so COMMIT returns only once the server's WAL is on disk.
+                cursor.execute("BEGIN; SET LOCAL synchronous_commit = on" if synchronous else "BEGIN")
+                try:
+                    yield PgTx(cursor)
+                except BaseException:
+                    if not conn.broken:
+                        conn.rollback()
+                    raise
+                cursor.execute("COMMIT")
+        except psycopg.IntegrityError:
+            raise
+        except psycopg.Error as exc:
+            raise self._failed(exc) from None
+        self.commit_count += 1
+        if synchronous:
+            self.durable_commit_count += 1
+
+    _max_params = _MAX_PARAMS
+
+    def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+        # One array per column: the statement's text is the same whatever the number of rows.
+        return [
+            Statement(sql.UPSERT_ARRAYS, [list(column) for column in zip(*part, strict=True)])
+            for part in without_repeats(rows, UPSERT_ARRAY_ROWS)
+        ]
+
+    def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
+        synchronous = durable and self.durability == "full"
+        if len(statements) != 1 or statements[0].many:
+            super()._apply(statements, durable=durable)
+            return
+        # One statement is a transaction of its own (autocommit): one round trip instead of the
+        # three of BEGIN, the statement and COMMIT. It commits with the session's
+        # synchronous_commit=off, unless it guards a send: then the statement itself switches its
+        # transaction's commit to synchronous (the marks' upsert, by far the most frequent case).
+        statement = statements[0]
+        if synchronous:
+            if statement.sql is not sql.UPSERT_ARRAYS:
+                super()._apply(statements, durable=durable)
+                return
+            statement = Statement(sql.UPSERT_ARRAYS_SYNCHRONOUS, statement.params)
+        conn = self._connection
+        try:
+            conn.execute(_pg(statement.sql), statement.params)
         except psycopg.IntegrityError:
             raise
         except psycopg.Error as exc:

@@ -55,15 +55,19 @@ from airflow_resumable.journal.schema import SCHEMA_VERSION, SQLITE_MIGRATIONS
 RECEIPT_LOG_SUFFIX = ".receipts"
 
 
+def _variable_limit(conn: sqlite3.Connection) -> int:
+    limit = 999  # SQLite before 3.32; ask the library we run on where we can
+    if hasattr(conn, "getlimit"):  # Python 3.11+
+        limit = conn.getlimit(getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9))
+    return int(limit)
+
+
 class SqliteTx:
     """A :class:`~airflow_resumable.journal.backend.Tx` on a sqlite3 connection."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         self.conn = conn
-        limit = 999  # SQLite before 3.32; ask the library we run on where we can
-        if hasattr(conn, "getlimit"):  # Python 3.11+
-            limit = conn.getlimit(getattr(sqlite3, "SQLITE_LIMIT_VARIABLE_NUMBER", 9))
-        self.max_params = limit
+        self.max_params = _variable_limit(conn)
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self.conn.execute(sql, params).fetchone()
@@ -300,6 +304,10 @@ class SqliteJournal(StepJournal):
             yield SqliteTx(conn)
         finally:
             conn.execute("COMMIT")
+
+    @property
+    def _max_params(self) -> int:
+        return _variable_limit(self._connection)
 
     def _seen_table_ddl(self, table: str) -> str:
         return f"CREATE TEMP TABLE {table} (n INTEGER PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL)"

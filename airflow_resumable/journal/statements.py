@@ -34,6 +34,22 @@ ON CONFLICT (job_id, item_id, step) DO UPDATE SET
 UPSERT = f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {UPSERT_ROW}{UPSERT_CONFLICT}"
 
 
+# PostgreSQL: any number of rows in one statement of fixed text (parsed and planned once, then a
+# prepared statement), one array per column. {durable} is empty, or a join that makes the statement's
+# own transaction commit synchronously (set_config(..., is_local) lasts until that commit).
+_UPSERT_ARRAYS = f"""
+INSERT INTO steps ({STEP_COLUMNS})
+SELECT j, i, s, se, st, d, r, o, e, NULL, NULL, a, c, u
+FROM unnest(?::text[], ?::text[], ?::text[], ?::smallint[], ?::text[], ?::text[], ?::text[], ?::text[], ?::text[],
+            ?::integer[], ?::double precision[], ?::double precision[]) AS t(j, i, s, se, st, d, r, o, e, a, c, u)
+{{durable}}
+{UPSERT_CONFLICT}"""
+UPSERT_ARRAYS = _UPSERT_ARRAYS.format(durable="")
+UPSERT_ARRAYS_SYNCHRONOUS = _UPSERT_ARRAYS.format(
+    durable="CROSS JOIN (SELECT set_config('synchronous_commit', 'on', true)) AS synchronous"
+)
+
+
 def upsert_rows(count: int) -> str:
     """One statement that upserts ``count`` rows (one round trip, one parse)."""
     return f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {','.join([UPSERT_ROW] * count)}{UPSERT_CONFLICT}"
