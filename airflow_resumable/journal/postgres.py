@@ -152,8 +152,10 @@ class PostgresJournal(StepJournal):
         schema: str = DEFAULT_SCHEMA,
         claim_timeout: float = DEFAULT_CLAIM_TIMEOUT,
         connect_timeout: float = 10.0,
-        **_sqlite_only: Any,
+        allow_network_filesystem: bool = False,
+        busy_timeout: float | None = None,
     ) -> None:
+        # allow_network_filesystem and busy_timeout belong to the SQLite engine: accepted, unused.
         super().__init__(durability)
         if psycopg is None:
             raise JournalError(

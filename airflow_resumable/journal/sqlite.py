@@ -108,8 +108,12 @@ class SqliteJournal(StepJournal):
         durability: Durability = "full",
         allow_network_filesystem: bool = False,
         busy_timeout: float = 30.0,
-        **_postgres_only: Any,
+        schema: str | None = None,
+        claim_timeout: float | None = None,
+        connect_timeout: float | None = None,
     ) -> None:
+        # schema, claim_timeout and connect_timeout belong to the PostgreSQL engine: accepted (a
+        # configuration may name them for either engine) and unused here.
         super().__init__(durability)
         self.path = Path(path).expanduser().absolute()
         self.location = str(self.path)
