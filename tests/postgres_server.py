@@ -102,7 +102,7 @@ class PostgresCluster:
 def create_database(admin_url: str) -> str:
     """A new empty database next to ``admin_url``'s; returns its URL."""
     import psycopg
-    from psycopg.conninfo import conninfo_to_dict, make_conninfo
+    from psycopg.conninfo import conninfo_to_dict
 
     name = f"t_{uuid.uuid4().hex[:16]}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -115,7 +115,6 @@ def create_database(admin_url: str) -> str:
     port = f":{params['port']}" if params.get("port") else ""
     extra = {k: v for k, v in params.items() if k not in ("user", "password", "host", "port", "dbname")}
     query = ("?" + "&".join(f"{k}={v}" for k, v in extra.items())) if extra else ""
-    del make_conninfo
     return f"postgresql://{user}{password}{'@' if user else ''}{host}{port}/{name}{query}"
 
 
