@@ -321,22 +321,30 @@ class PostgresJournal(StepJournal):
         """One short write transaction; under full durability its commit is synchronous."""
         conn = self._connection
         synchronous = durable and self.durability == "full"
+        with self._guard(), conn.cursor() as cursor:
+            # BEGIN and the commit's durability in one round trip (one simple query): this
+            # transaction guards a send, so COMMIT returns only once the server's WAL is on disk.
+            cursor.execute("BEGIN; SET LOCAL synchronous_commit = on" if synchronous else "BEGIN")
+            try:
+                yield PgTx(cursor)
+            except BaseException:
+                if not conn.broken:
+                    conn.rollback()
+                raise
+            cursor.execute("COMMIT")
+        self._committed(synchronous)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """psycopg's errors as the journal's; an IntegrityError (the database's own rules) stays as it is."""
         try:
-            with conn.cursor() as cursor:
-                # BEGIN and the commit's durability in one round trip (one simple query): this
-                # transaction guards a send, so COMMIT returns only once the server's WAL is on disk.
-                cursor.execute("BEGIN; SET LOCAL synchronous_commit = on" if synchronous else "BEGIN")
-                try:
-                    yield PgTx(cursor)
-                except BaseException:
-                    if not conn.broken:
-                        conn.rollback()
-                    raise
-                cursor.execute("COMMIT")
+            yield
         except psycopg.IntegrityError:
             raise
         except psycopg.Error as exc:
             raise self._failed(exc) from None
+
+    def _committed(self, synchronous: bool) -> None:
         self.commit_count += 1
         if synchronous:
             self.durable_commit_count += 1
@@ -366,15 +374,9 @@ class PostgresJournal(StepJournal):
                 return
             statement = Statement(sql.UPSERT_ARRAYS_SYNCHRONOUS, statement.params)
         conn = self._connection
-        try:
+        with self._guard():
             conn.execute(_pg(statement.sql), statement.params)
-        except psycopg.IntegrityError:
-            raise
-        except psycopg.Error as exc:
-            raise self._failed(exc) from None
-        self.commit_count += 1
-        if synchronous:
-            self.durable_commit_count += 1
+        self._committed(synchronous)
 
     @contextlib.contextmanager
     def _scratch(self) -> Iterator[PgTx]:
