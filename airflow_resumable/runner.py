@@ -260,7 +260,11 @@ def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRu
         assert isinstance(item, Mapping)
         try:
             digest = canonical_digest(item)
-        except (TypeError, ValueError) as exc:
+        except RecursionError:
+            raise InvalidItemError(
+                f"item {item_id!r} is nested too deeply to be encoded as JSON; flatten it or pass a reference"
+            ) from None
+        except (TypeError, ValueError) as exc:  # a lone surrogate in a value is a UnicodeEncodeError
             raise InvalidItemError(
                 f"item {item_id!r} is not JSON-serialisable ({type(exc).__name__}); items must be plain "
                 "JSON data: str, int, float, bool, None, lists and dicts with string keys"

@@ -207,6 +207,15 @@ def test_item_that_is_not_json_serialisable(journal, journal_path, seeded, item,
     refused_run(journal, journal_path, seeded, items, InvalidItemError, repr(item_id), "JSON")
 
 
+def test_an_item_nested_too_deeply_or_holding_a_lone_surrogate_is_refused(journal, journal_path, seeded):
+    deep: dict = {"id": "deep"}
+    for _ in range(100_000):
+        deep = {"id": "deep", "x": deep}
+    refused_run(journal, journal_path, seeded, [{"id": "c"}, deep], InvalidItemError, "'deep'", "nested")
+    refused_run(journal, journal_path, seeded, [{"id": "c"}, {"id": "s", "v": "\udc80"}], InvalidItemError,
+                "'s'", "UnicodeEncodeError")
+
+
 def test_same_id_twice_in_one_chunk_refused_before_anything_is_touched(journal, journal_path, seeded):
     items = [{"id": "c", "v": 1}, {"id": "d", "v": 2}, {"id": "c", "v": 9}]
     refused_run(journal, journal_path, seeded, items, InvalidItemError, "'c'", "twice")
