@@ -485,47 +485,62 @@ class _Concurrent:
     """Up to ``n`` sends in flight on worker threads; the journal is written by this thread only.
 
     Sends are started in groups: the IN_FLIGHT marks of a group are committed together, with one
-    fsync under full durability, before any send of the group starts (group commit). A group is
-    started once at least ``n // 4`` sends are ready (or nothing else is in flight), so a full
-    pipeline costs at most one fsync per four sends. Receipts are logged as they arrive and
-    committed with the next group's marks. Local steps run on this thread, between sends.
+    fsync (or one synchronous commit) under full durability, before any send of the group starts
+    (group commit). A group is started once at least ``n // 4`` sends are ready and there is room
+    for them (or nothing else is in flight), so a full pipeline costs at most one durable commit
+    per four sends. While the pipeline is full, up to ``n // 2`` items are prepared ahead (their
+    local steps run); once that many are ready, this thread waits for sends to finish and starts
+    the next group as soon as it fits - with no user code in between, so the receipts of the sends
+    that finished meanwhile ride with that group's commit instead of a commit of their own. Local
+    steps run on this thread, between sends; receipts are always committed (or, with a receipt
+    log, logged) before any of them runs.
     """
 
     def __init__(self, batch: _Batch, n: int) -> None:
         self.batch, self.n = batch, n
         self.min_group = max(1, n // 4)
+        self.max_ready = max(self.min_group, n // 2)
+        # A send of the last step finishes its item: recording it runs no user code afterwards.
+        self.last_step = batch.steps[-1].name
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="resumable-send")
         self.ready: list[tuple[ItemSteps, _Send]] = []
         self.in_flight: dict[Future[_Outcome], tuple[ItemSteps, _Send]] = {}
 
     def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
+        self.batch.run.write_receipts()  # the item's own steps are user code
         gen = self.batch.steps_of(p, rows)
         send = _advance(gen, None)
         if send is not None:
             self.ready.append((gen, send))
-        while len(self.ready) + len(self.in_flight) >= self.n:
-            if self.ready and (len(self.ready) >= self.min_group or not self.in_flight):
-                self._dispatch()
+        while True:
+            room = self.n - len(self.in_flight)
+            if self.ready and room >= min(len(self.ready), self.min_group) and (
+                len(self.ready) >= self.min_group or not self.in_flight
+            ):
+                self._dispatch(room)
+            elif len(self.ready) >= self.max_ready:
+                self._collect(defer_receipts=True)  # the next thing this thread does is a dispatch
             else:
-                self._collect()
+                return
 
     def finish(self) -> None:
         try:
             while self.ready or self.in_flight:
-                if self.ready:
-                    self._dispatch()
+                room = self.n - len(self.in_flight)
+                if self.ready and room > 0:
+                    self._dispatch(room)
                 else:
                     self._collect()
         finally:
             self.pool.shutdown(wait=True)
 
-    def _dispatch(self) -> None:
-        _commit_marks(self.batch.run, [send for _, send in self.ready])  # the group shares one fsync
-        for gen, send in self.ready:
+    def _dispatch(self, room: int) -> None:
+        group, self.ready = self.ready[:room], self.ready[room:]
+        _commit_marks(self.batch.run, [send for _, send in group])  # the group shares one commit
+        for gen, send in group:
             self.in_flight[self.pool.submit(_call, send)] = (gen, send)
-        self.ready = []
 
-    def _collect(self) -> None:
+    def _collect(self, *, defer_receipts: bool = False) -> None:
         done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
         finished: list[tuple[ItemSteps, str]] = []
         error: BaseException | None = None
@@ -536,7 +551,10 @@ class _Concurrent:
             except BaseException as exc:  # recorded FAILED; the others of this round still count
                 gen.close()
                 error = error or exc
-        self.batch.run.write_receipts()  # one write for the round, before any further user code
+            if send.step.name != self.last_step:
+                defer_receipts = False  # its item goes on with more steps: user code
+        if error is not None or not defer_receipts:
+            self.batch.run.write_receipts()  # one write (or commit) for the round, before any user code
         if error is not None:
             for gen, _ in finished:
                 gen.close()
