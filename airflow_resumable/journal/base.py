@@ -105,9 +105,7 @@ class StepJournal:
         raise NotImplementedError
 
     def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
-        from airflow_resumable.journal.jobrun import upsert_statements
-
-        return upsert_statements(rows, self._max_params)
+        return sql.upsert_statements(rows, self._max_params)
 
     def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
         with self._write(durable=durable) as tx:

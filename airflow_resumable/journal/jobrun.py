@@ -14,46 +14,12 @@ from airflow_resumable.journal.base import BRIEF_HOLDERS, StepJournal
 from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
 
-# Buffered rows are written as multi-row upserts of at most this many rows (one statement each):
-# executemany would release and re-take the GIL per row, and sends on other threads want it.
-UPSERT_ROWS_PER_STATEMENT = 250
 # Rows looked up per query when the runner resumes (well under every engine's parameter limit).
 LOOKUP_CHUNK = 500
 # How long a runner waits out a brief holder of its job (a resolution, a receipt-log fold).
 FOLD_WAIT_SECONDS = 5.0
 
 Record = tuple[str, tuple[Any, ...]]
-
-
-def _step_key(params: Sequence[Any]) -> tuple[Any, Any, Any]:
-    return params[0], params[1], params[2]
-
-
-def without_repeats(rows: Sequence[Sequence[Any]], limit: int) -> list[list[Sequence[Any]]]:
-    """``rows`` in order, cut into parts of at most ``limit`` rows that never carry one step twice
-    (PostgreSQL refuses to update one row twice in a statement): applied part by part, as if row by row."""
-    parts: list[list[Sequence[Any]]] = []
-    part: list[Sequence[Any]] = []
-    keys: set[tuple[Any, Any, Any]] = set()
-    for row in rows:
-        key = _step_key(row)
-        if len(part) == limit or key in keys:
-            parts.append(part)
-            part, keys = [], set()
-        part.append(row)
-        keys.add(key)
-    if part:
-        parts.append(part)
-    return parts
-
-
-def upsert_statements(rows: Sequence[Sequence[Any]], max_params: int) -> list[Statement]:
-    """``rows`` as few multi-row upsert statements as the engine's parameter limit allows."""
-    limit = max(1, min(UPSERT_ROWS_PER_STATEMENT, max_params // sql.UPSERT_VALUES_PER_ROW))
-    return [
-        Statement(sql.upsert_rows(len(part)), [value for row in part for value in row])
-        for part in without_repeats(rows, limit)
-    ]
 
 
 class JobRun:

@@ -56,7 +56,6 @@ from airflow_resumable.journal.errors import (
     JournalLocationError,
     JournalVersionError,
 )
-from airflow_resumable.journal.jobrun import without_repeats
 from airflow_resumable.journal.schema import POSTGRES_FIRST_VERSION, POSTGRES_MIGRATIONS, SCHEMA_VERSION
 
 try:
@@ -355,7 +354,7 @@ class PostgresJournal(StepJournal):
         # One array per column: the statement's text is the same whatever the number of rows.
         return [
             Statement(sql.UPSERT_ARRAYS, [list(column) for column in zip(*part, strict=True)])
-            for part in without_repeats(rows, UPSERT_ARRAY_ROWS)
+            for part in sql.without_repeats(rows, UPSERT_ARRAY_ROWS)
         ]
 
     def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:

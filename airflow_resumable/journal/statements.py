@@ -8,6 +8,11 @@ both engines, so the records and the comparisons are the same code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
+from airflow_resumable.journal.backend import Statement
+
 STEP_COLUMNS = (
     "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, "
     "held_reason, new_digest, attempts, created_at, updated_at"
@@ -53,6 +58,39 @@ UPSERT_ARRAYS_SYNCHRONOUS = _UPSERT_ARRAYS.format(
 def upsert_rows(count: int) -> str:
     """One statement that upserts ``count`` rows (one round trip, one parse)."""
     return f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {','.join([UPSERT_ROW] * count)}{UPSERT_CONFLICT}"
+
+
+# Buffered rows are written as multi-row upserts of at most this many rows (one statement each):
+# executemany would release and re-take the GIL per row, and sends on other threads want it.
+UPSERT_ROWS_PER_STATEMENT = 250
+
+
+def without_repeats(rows: Sequence[Sequence[Any]], limit: int) -> list[list[Sequence[Any]]]:
+    """``UPSERT_ROW`` parameter rows in order, cut into parts of at most ``limit`` rows that never carry
+    one step twice (PostgreSQL refuses to update one row twice in a statement): applied part by part,
+    as if row by row."""
+    parts: list[list[Sequence[Any]]] = []
+    part: list[Sequence[Any]] = []
+    keys: set[tuple[Any, Any, Any]] = set()
+    for row in rows:
+        key = (row[0], row[1], row[2])  # job_id, item_id, step
+        if len(part) == limit or key in keys:
+            parts.append(part)
+            part, keys = [], set()
+        part.append(row)
+        keys.add(key)
+    if part:
+        parts.append(part)
+    return parts
+
+
+def upsert_statements(rows: Sequence[Sequence[Any]], max_params: int) -> list[Statement]:
+    """``rows`` as few multi-row upsert statements as the engine's parameter limit allows."""
+    limit = max(1, min(UPSERT_ROWS_PER_STATEMENT, max_params // UPSERT_VALUES_PER_ROW))
+    return [
+        Statement(upsert_rows(len(part)), [value for row in part for value in row])
+        for part in without_repeats(rows, limit)
+    ]
 
 
 HOLD = """
