@@ -85,13 +85,15 @@ def journal_target(*, conn_id: str | None = None, path: str | os.PathLike[str] |
     if conn_id:
         return _postgres_target(conn_id)
     if path:
-        resolved = Path(path).expanduser()
-        return JournalTarget(str(resolved), False, str(resolved))
+        return _file_target(Path(path).expanduser())
     configured = _conf_get("journal_conn_id")
     if configured:
         return _postgres_target(configured)
-    resolved = default_journal_path()
-    return JournalTarget(str(resolved), False, str(resolved))
+    return _file_target(default_journal_path())
+
+
+def _file_target(path: Path) -> JournalTarget:
+    return JournalTarget(str(path), False, str(path))
 
 
 def _get_connection(conn_id: str) -> Any:

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timedelta
 from enum import Enum
-from pathlib import Path
 from typing import Any
 
 from airflow_resumable.journal import JournalError, StepJournal, is_postgres_url
@@ -112,23 +111,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _open(args: argparse.Namespace) -> StepJournal:
-    if args.journal and is_postgres_url(args.journal):
-        return StepJournal(args.journal, **({"schema": args.schema} if args.schema else {}))
-    if args.journal:
-        path = Path(args.journal)
-        display = str(path)
-        exists = path.exists()
-        opener = lambda: StepJournal(path)  # noqa: E731
-    else:
-        from airflow_resumable._airflow import journal_target
+    from airflow_resumable._airflow import JournalTarget, journal_target
 
+    if args.journal and is_postgres_url(args.journal):
+        target = JournalTarget(args.journal, True, "the --journal URL", {"schema": args.schema} if args.schema else {})
+    else:
         # Airflow logs to stdout while it looks a connection up; stdout is for our tables and JSON.
         with contextlib.redirect_stdout(sys.stderr):
-            target = journal_target(conn_id=args.conn_id)
-        display, exists, opener = target.display, target.exists(), target.open
-    if args.command != "prune" and not exists:
-        raise JournalError(f"no journal at {display}; pass --journal or --conn-id, or set [resumable] journal_path")
-    journal: StepJournal = opener()
+            target = journal_target(conn_id=args.conn_id, path=args.journal)
+    if args.command != "prune" and not target.exists():
+        raise JournalError(
+            f"no journal at {target.display}; pass --journal or --conn-id, or set [resumable] journal_path"
+        )
+    journal: StepJournal = target.open()
     return journal
 
 
