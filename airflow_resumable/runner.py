@@ -212,8 +212,10 @@ class _Prepared:
     digest: str
 
 
-def _is_text(value: str) -> bool:
-    """True if ``value`` is valid Unicode (no lone surrogates), as both journal engines store it."""
+def _is_storable(value: str) -> bool:
+    """True if both journal engines can store ``value`` as text: no NUL, no lone surrogate."""
+    if "\x00" in value:
+        return False
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -236,7 +238,7 @@ def _item_id(item: object, id_field: str, position: int) -> str:
     item_id = str(raw)
     if not item_id.strip():
         raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
-    if "\x00" in item_id or not _is_text(item_id):
+    if not _is_storable(item_id):
         raise InvalidItemError(
             f"item at position {position}: {id_field!r} contains a NUL character or a lone surrogate; ids "
             "must be valid Unicode text"
@@ -633,7 +635,7 @@ def run_batch(
     the same results. Raises :class:`~airflow_resumable.journal.JobBusyError` at once if another
     runner holds the job.
     """
-    if not isinstance(job_id, str) or not job_id.strip() or "\x00" in job_id or not _is_text(job_id):
+    if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
         raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
