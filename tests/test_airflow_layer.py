@@ -7,6 +7,7 @@ import json
 import socket
 import sqlite3
 import time
+from pathlib import Path
 
 import pytest
 
@@ -131,12 +132,14 @@ def test_hold_fails_the_task_then_resolve_dag_and_clear_send_item_41_once(airflo
     assert (audit.decision, audit.resolved_by, audit.note) == ("not_delivered", "dag_test", "receiver has no record")
 
 
-def _wait_for_held(airflow, proc, timeout=120) -> str:
+def wait_for_held(location, proc, timeout=120) -> str:
+    """The job of the first held item once the running DAG has one; ``location`` is a journal file
+    (not opened before it exists: opening would create it) or a PostgreSQL URL."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert proc.poll() is None, proc.stdout.read()
-        if airflow.journal.exists():
-            with StepJournal(airflow.journal) as journal:
+        if not isinstance(location, Path) or location.exists():
+            with StepJournal(location) as journal:
                 held = journal.held()
             if held:
                 return held[0].job_id
@@ -148,7 +151,7 @@ def test_on_held_succeed_sensor_waits_for_the_resolve_dag_then_second_pass_sends
     arm(airflow, "item-041", "before_accept")
     proc = airflow.popen("dags", "test", "article_sensor")
     try:
-        job_id = _wait_for_held(airflow, proc)
+        job_id = wait_for_held(airflow.journal, proc)
         time.sleep(3)  # let the sensor poke and reschedule at least once
         assert proc.poll() is None, "the sensor must wait while item 41 is held"
         assert resolve(airflow, job_id=job_id, item_id="item-041", step="notify_external",
@@ -175,7 +178,7 @@ def test_sensor_verify_marks_held_step_succeeded_once_the_receiver_answers(airfl
     lookup_off.write_text("")
     proc = airflow.popen("dags", "test", "article_sensor_verify")
     try:
-        job_id = _wait_for_held(airflow, proc)
+        job_id = wait_for_held(airflow.journal, proc)
         time.sleep(3)
         assert proc.poll() is None
         lookup_off.unlink()  # the receiver finally records it

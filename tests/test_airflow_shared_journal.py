@@ -23,7 +23,7 @@ from airflow_resumable.journal import StepJournal
 from tests import airflow_server
 from tests.airflow_harness import Airflow
 from tests.receivers import DurableReceiver
-from tests.test_airflow_layer import ALL_ITEMS, arm, output, resolve
+from tests.test_airflow_layer import ALL_ITEMS, arm, output, resolve, wait_for_held
 
 pytestmark = pytest.mark.airflow
 CONN_ID = "resumable_journal"
@@ -48,18 +48,6 @@ def use_shared_journal(airflow: Airflow, postgres_url: str) -> None:
     airflow.env["AIRFLOW__RESUMABLE__JOURNAL_PATH"] = str(airflow.journal)
 
 
-def wait_for_held(postgres_url: str, proc: subprocess.Popen, timeout: float = 180) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
-        with StepJournal(postgres_url) as journal:
-            held = journal.held()
-        if held:
-            return held[0].job_id
-        time.sleep(0.5)
-    raise AssertionError("nothing was held in time")
-
-
 def cli(airflow: Airflow, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "airflow_resumable.cli", *args], env=airflow.env,
                           capture_output=True, text=True, timeout=120)
@@ -70,7 +58,7 @@ def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, postgr
     arm(airflow, "item-041", "before_accept")
     proc = airflow.popen("dags", "test", "article_shared")
     try:
-        job_id = wait_for_held(postgres_url, proc)
+        job_id = wait_for_held(postgres_url, proc, timeout=180)
         time.sleep(2)  # the sensor pokes and reschedules while item 41 is held
         assert proc.poll() is None, "the sensor must wait while item 41 is held"
 

@@ -78,12 +78,12 @@ def key(item_id: str) -> str:
     return idempotency_key(JOB, item_id, SEND)
 
 
-def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
-    """What must hold the moment a runner is dead, whatever it was doing."""
-    counts = s.receiver.counts(JOB)
+def check_marks_guard_every_delivery(receiver: DurableReceiver, job: str, rows: dict, context: str) -> dict[str, int]:
+    """What must hold the moment a runner is dead (or its database crashed), whatever it was doing:
+    nothing delivered twice, no delivery without its committed mark, no SUCCEEDED the receiver lacks.
+    ``rows``: the job's journal rows by (item_id, step). Returns the receiver's counts."""
+    counts = receiver.counts(job)
     assert all(n == 1 for n in counts.values()), f"{context}: delivered twice: {counts}"
-    with s.open_journal() as journal:
-        rows = {(r.item_id, r.step): r for r in journal.rows(JOB)}
     for item_id in counts:
         # The guard: a send the receiver has must have its IN_FLIGHT (or later) record committed.
         row = rows.get((item_id, SEND))
@@ -92,8 +92,16 @@ def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
     for (item_id, step), row in rows.items():
         if step == SEND and row.status == Status.SUCCEEDED:
             # The journal never claims a send the receiver does not have.
-            assert row.receipt == s.receiver.lookup(key(item_id)), f"{context}: {item_id} receipt mismatch"
+            assert row.receipt == receiver.lookup(idempotency_key(job, item_id, SEND)), (
+                f"{context}: {item_id} receipt mismatch"
+            )
     return counts
+
+
+def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
+    with s.open_journal() as journal:
+        rows = {(r.item_id, r.step): r for r in journal.rows(JOB)}
+    return check_marks_guard_every_delivery(s.receiver, JOB, rows, context)
 
 
 def in_flight_sends(s: Setup) -> dict[str, bool]:
