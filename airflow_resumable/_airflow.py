@@ -82,18 +82,28 @@ class JournalTarget:
 
 def journal_target(*, conn_id: str | None = None, path: str | os.PathLike[str] | None = None) -> JournalTarget:
     """The task's journal: its own conn id, its own path, the config's conn id, the config's path."""
+    chosen_conn_id, chosen_path = _choose(conn_id, path)
+    if chosen_conn_id is not None:
+        return _postgres_target(chosen_conn_id)
+    return JournalTarget(str(chosen_path), False, str(chosen_path))
+
+
+def journal_display(*, conn_id: str | None = None, path: str | os.PathLike[str] | None = None) -> str:
+    """What :func:`journal_target` would name, without looking a connection up (for pages and logs)."""
+    chosen_conn_id, chosen_path = _choose(conn_id, path)
+    return f"connection {chosen_conn_id}" if chosen_conn_id is not None else str(chosen_path)
+
+
+def _choose(conn_id: str | None, path: str | os.PathLike[str] | None) -> tuple[str | None, Path | None]:
+    """(connection id, None) or (None, file path), in the order the module docstring gives."""
     if conn_id:
-        return _postgres_target(conn_id)
+        return conn_id, None
     if path:
-        return _file_target(Path(path).expanduser())
+        return None, Path(path).expanduser()
     configured = _conf_get("journal_conn_id")
     if configured:
-        return _postgres_target(configured)
-    return _file_target(default_journal_path())
-
-
-def _file_target(path: Path) -> JournalTarget:
-    return JournalTarget(str(path), False, str(path))
+        return configured, None
+    return None, default_journal_path()
 
 
 def _get_connection(conn_id: str) -> Any:
@@ -148,7 +158,7 @@ def _postgres_target(conn_id: str) -> JournalTarget:
             options["claim_timeout"] = float(claim_timeout)
         except (TypeError, ValueError):
             raise JournalConfigError(f"claim_timeout must be a number of seconds, not {claim_timeout!r}") from None
-    return JournalTarget(url, True, f"connection {conn_id}", options)
+    return JournalTarget(url, True, journal_display(conn_id=conn_id), options)
 
 
 def default_job_id(context: Any) -> str:

@@ -27,7 +27,7 @@ from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_resumable._airflow import journal_target
+from airflow_resumable._airflow import journal_display, journal_target
 from airflow_resumable.journal import HeldReason, JobSummary, JournalError, StepJournal, StepRecord
 from airflow_resumable.runner import idempotency_key
 
@@ -125,14 +125,6 @@ def _journal() -> Iterator[StepJournal | None]:
         raise HTTPException(status_code=503, detail=f"the journal cannot be read ({type(exc).__name__})") from None
     with journal:
         yield journal
-
-
-def _journal_display() -> str:
-    """Which journal the page reads: the file, or "connection <id>" (never a URL: it may hold a password)."""
-    try:
-        return journal_target().display
-    except ValueError as exc:
-        return f"(not usable: {type(exc).__name__})"
 
 
 def _status(job: JobSummary) -> str:
@@ -260,7 +252,7 @@ _templates.globals.update(job_path=job_path, resolve_path=resolve_path, batch_ta
 def _page(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
     html = _templates.get_template(template).render(
         prefix=_prefix(request), airflow=_airflow_base(request), nonce=request.state.csp_nonce,
-        journal_path=_journal_display(), hostname=socket.gethostname(), **values,
+        journal_path=journal_display(), hostname=socket.gethostname(), **values,
     )
     return HTMLResponse(html, status_code=status_code)
 
@@ -311,7 +303,7 @@ def jobs_json(viewer: ViewerDep) -> dict[str, Any]:
         jobs = _visible_jobs(journal, viewer)
         held, held_total = _held_rows(journal, jobs)
     return {
-        "journal_path": _journal_display(), "hostname": socket.gethostname(),
+        "journal_path": journal_display(), "hostname": socket.gethostname(),
         "jobs": [_job_dict(j) for j in jobs], "held": held, "held_total": held_total,
     }
 
