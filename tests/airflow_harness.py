@@ -110,6 +110,15 @@ class Airflow:
             ).fetchall()
         return {(t, m): (s, n) for t, m, s, n in rows}
 
+    def hostname(self, dag_id: str, task_id: str, run_id: str | None = None) -> str:
+        """The host Airflow recorded for the task's last try ([core] hostname_callable)."""
+        run_id = run_id or self.last_run_id(dag_id)
+        with self._db() as db:
+            (name,) = db.execute("SELECT hostname FROM task_instance WHERE dag_id=? AND run_id=? AND task_id=?",
+                                 (dag_id, run_id, task_id)).fetchone()
+        assert name, "Airflow recorded no hostname"
+        return str(name)
+
     def xcom(self, dag_id: str, task_id: str, key: str = "return_value", map_index: int = -1,
              run_id: str | None = None):
         run_id = run_id or self.last_run_id(dag_id)

@@ -4,7 +4,6 @@ temporary AIRFLOW_HOME, `airflow dags test`, retries honoured, Clear through Air
 from __future__ import annotations
 
 import json
-import socket
 import sqlite3
 import time
 from pathlib import Path
@@ -57,7 +56,9 @@ def test_retry_after_accept_verifies_item_41_and_sends_the_rest_once(airflow):
     assert summary["status"] == "completed"
     assert (summary["executed_steps"], summary["skipped_steps"], summary["verified_steps"]) == (27, 123, 1)
     assert summary["items_total"] == summary["items_completed"] == 50
-    assert summary["hostname"] == socket.gethostname() and summary["journal_path"] == str(airflow.journal)
+    # The host as Airflow records it (hostname_callable), as the UI shows it; not socket.gethostname().
+    assert summary["hostname"] == airflow.hostname("article_verify", "send")
+    assert summary["journal_path"] == str(airflow.journal)
     # Item contents are data: a templated field did not render the payload's Jinja.
     conn = sqlite3.connect(airflow.receiver)
     payloads = {p for (p,) in conn.execute("SELECT payload FROM deliveries")}
@@ -201,7 +202,8 @@ def test_wrong_worker_guard_refuses_and_sends_nothing(airflow):
     assert airflow.dags_test("article_wrong_worker").returncode != 0
     log = output(airflow)
     assert airflow.task_states("article_wrong_worker") == {("send", -1): ("failed", 2)}
-    assert f"host {socket.gethostname()!r}" in log and "Nothing was sent" in log and "start_afresh" in log
+    assert f"host {airflow.hostname('article_wrong_worker', 'send')!r}" in log
+    assert "Nothing was sent" in log and "start_afresh" in log
     counts = receiver(airflow).counts()
     assert sorted(counts) == ALL_ITEMS[:10] and set(counts.values()) == {1}
 

@@ -193,7 +193,9 @@ class ResumableBatchOperator(BaseOperator):
 
     def execute(self, context: Context) -> dict[str, Any]:
         job_id = self.job_id or default_job_id(context)
-        hostname = socket.gethostname()
+        # The name Airflow records for this try ([core] hostname_callable), as the UI shows it: two
+        # Celery workers on one machine have one socket.gethostname() but two of these.
+        hostname = getattr(context["ti"], "hostname", None) or socket.gethostname()
         with self._open_journal() as journal:
             self._guard_worker(context, journal, job_id, hostname)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
