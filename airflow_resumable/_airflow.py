@@ -67,6 +67,7 @@ class JournalTarget:
     shared: bool  # True: a PostgreSQL journal every worker reaches
     display: str  # for logs and pages: the path, or "connection <id>"
     options: dict[str, Any] = field(default_factory=dict)  # StepJournal keywords (schema, claim_timeout)
+    conn_id: str | None = None  # the Airflow connection a shared journal was found through
 
     def open(self, **kwargs: Any) -> Any:
         from airflow_resumable.journal import StepJournal
@@ -158,7 +159,7 @@ def _postgres_target(conn_id: str) -> JournalTarget:
             options["claim_timeout"] = float(claim_timeout)
         except (TypeError, ValueError):
             raise JournalConfigError(f"claim_timeout must be a number of seconds, not {claim_timeout!r}") from None
-    return JournalTarget(url, True, journal_display(conn_id=conn_id), options)
+    return JournalTarget(url, True, journal_display(conn_id=conn_id), options, conn_id)
 
 
 def default_job_id(context: Any) -> str:

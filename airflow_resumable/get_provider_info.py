@@ -35,6 +35,9 @@ def get_provider_info() -> dict[str, Any]:
         ],
         # The "Resumable jobs" page; Airflow 3.3 loads it through the airflow.plugins entry point and
         # reads this list only with [core] lazy_discover_providers = False (it skips the duplicate).
+        "triggers": [
+            {"integration-name": "Resumable batches", "python-modules": ["airflow_resumable.triggers.held_items"]}
+        ],
         "plugins": [
             {"name": "resumable_jobs", "plugin-class": "airflow_resumable.plugins.ResumableJobsPlugin"}
         ],

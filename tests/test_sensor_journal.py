@@ -47,3 +47,81 @@ def test_a_summary_naming_another_journal_is_refused(tmp_path, journal_path):
     with pytest.raises(ValueError, match="another journal"):
         sensor.poke({"ti": CraftedTI(summary)})
     assert not chosen.parent.exists()
+
+
+# ------------------------------------------------------------------ deferrable: shared journal only
+
+
+def test_deferrable_on_a_local_journal_is_refused_and_changes_nothing(journal_path):
+    from tests.backends import snapshot
+
+    before = snapshot(str(journal_path))
+    sensor = HeldItemSensor(task_id="wait", job_id=JOB, deferrable=True)
+    with pytest.raises(ValueError, match="deferrable=True needs a shared journal .*triggerer cannot read"):
+        sensor.execute({"ti": CraftedTI({})})
+    assert snapshot(str(journal_path)) == before
+
+
+def test_deferrable_with_verify_is_refused_when_the_dag_is_parsed():
+    with pytest.raises(ValueError, match="verify= asks the receiver from a worker"):
+        HeldItemSensor(task_id="wait", job_id=JOB, deferrable=True, verify=lambda ctx: None)
+
+
+def held_job(url: str) -> str:
+    """A job on the shared journal at ``url`` with one send held (its outcome unknown); its journal id."""
+    def lost(item, ctx):
+        raise ConnectionError("reply lost")
+
+    with StepJournal(url) as journal:
+        with pytest.raises(ConnectionError):
+            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
+        result = run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
+        assert [h.item_id for h in result.held] == ["a"]
+        return journal.journal_id
+
+
+def test_trigger_waits_until_the_held_send_is_settled(postgres_url, monkeypatch):
+    import asyncio
+    import threading
+
+    from airflow_resumable.triggers.held_items import HeldItemTrigger
+    from tests.test_airflow_shared_journal import connection
+
+    monkeypatch.setenv("AIRFLOW_CONN_SHARED_JOURNAL", connection(postgres_url))
+    journal_id = held_job(postgres_url)
+    classpath, kwargs = HeldItemTrigger(job_id=JOB, journal_conn_id="shared_journal", journal_id=journal_id,
+                                        poll_interval=0.2).serialize()
+    assert "postgresql://" not in str(kwargs)  # trigger arguments land in the metadata DB: no URL, no password
+    trigger = HeldItemTrigger(**kwargs)
+
+    def settle_later() -> None:
+        import time
+
+        time.sleep(1.0)
+        with StepJournal(postgres_url) as journal:
+            journal.resolve(JOB, "a", "send", delivered=True, receipt="r-1", resolved_by="on-call")
+
+    async def first_event():
+        return await asyncio.wait_for(trigger.run().__anext__(), timeout=60)
+
+    settler = threading.Thread(target=settle_later)
+    settler.start()
+    try:
+        event = asyncio.run(first_event())
+    finally:
+        settler.join()
+    assert classpath == "airflow_resumable.triggers.held_items.HeldItemTrigger"
+    assert event.payload == {"status": "settled", "job_id": JOB}
+
+
+def test_trigger_refuses_a_connection_that_now_reaches_another_journal(postgres, postgres_url, monkeypatch):
+    import asyncio
+
+    from airflow_resumable.triggers.held_items import HeldItemTrigger
+    from tests.test_airflow_shared_journal import connection
+
+    journal_id = held_job(postgres_url)
+    monkeypatch.setenv("AIRFLOW_CONN_SHARED_JOURNAL", connection(postgres.new_database()))
+    trigger = HeldItemTrigger(job_id=JOB, journal_conn_id="shared_journal", journal_id=journal_id, poll_interval=0.2)
+    event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=60))
+    assert event.payload["status"] == "error" and "another journal" in event.payload["message"]

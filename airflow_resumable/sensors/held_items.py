@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
 from airflow_resumable._airflow import SUMMARY_XCOM_KEY, JournalTarget, journal_target
 from airflow_resumable.runner import verify_held
+from airflow_resumable.triggers.held_items import HeldItemTrigger
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -18,10 +20,15 @@ if TYPE_CHECKING:
 class HeldItemSensor(BaseSensorOperator):
     """Wait until a resumable job has no held or unresolved side-effect rows.
 
-    Not deferrable on purpose: the triggerer may run on a host that does not have the journal, so
-    the sensor pokes from a worker, in ``reschedule`` mode by default (no worker slot held while
-    waiting). With a worker-local journal, route it to the batch task's worker queue; with a shared
-    journal (``journal_conn_id``) any worker will do.
+    Two ways to wait without holding a worker slot:
+
+    * **Deferrable** (shared journal only): the sensor checks once, then hands the wait to the
+      triggerer (:class:`~airflow_resumable.triggers.held_items.HeldItemTrigger`), which reads the
+      shared PostgreSQL journal every ``poke_interval`` seconds. A worker-local SQLite journal is out
+      of the triggerer's reach, so an explicit ``deferrable=True`` on one is refused.
+    * **Reschedule** (default otherwise): the sensor pokes from a worker and gives its slot back
+      between pokes. With a worker-local journal, route it to the batch task's worker queue; with a
+      shared journal (``journal_conn_id``) any worker will do.
 
     :param job_id: the job to watch (templated). Or:
     :param batch_task_id: the ResumableBatchOperator task whose XCom summary names the job (for a
@@ -31,7 +38,10 @@ class HeldItemSensor(BaseSensorOperator):
         ``[resumable] journal_conn_id``. Wins over ``journal_path``.
     :param journal_path: the journal file; default as for the operator.
     :param verify: optional ``verify(ctx)``: on each poke, held unknown-outcome sends whose receipt
-        the receiver now has are marked SUCCEEDED (for receivers that record asynchronously).
+        the receiver now has are marked SUCCEEDED (for receivers that record asynchronously). Runs on
+        a worker, so not with ``deferrable=True``.
+    :param deferrable: wait in the triggerer (needs a shared journal). Default: ``[operators]
+        default_deferrable`` when the journal is shared, else reschedule mode.
     """
 
     template_fields: Sequence[str] = ("job_id", "batch_task_id")
@@ -45,11 +55,18 @@ class HeldItemSensor(BaseSensorOperator):
         journal_path: str | os.PathLike[str] | None = None,
         verify: Callable[..., Any] | None = None,
         mode: str = "reschedule",
+        deferrable: bool | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(mode=mode, **kwargs)
         if (job_id is None) == (batch_task_id is None):
             raise ValueError(f"{self.task_id}: give exactly one of job_id= or batch_task_id=")
+        if deferrable and verify is not None:
+            raise ValueError(
+                f"{self.task_id}: verify= asks the receiver from a worker, but a deferrable sensor waits in the "
+                "triggerer; use deferrable=False with verify="
+            )
+        self.deferrable = deferrable
         self.job_id = job_id
         self.batch_task_id = batch_task_id
         self.journal_conn_id = journal_conn_id
@@ -70,8 +87,47 @@ class HeldItemSensor(BaseSensorOperator):
         recorded = summary.get("journal_id")
         return summary["job_id"], target, recorded if isinstance(recorded, str) else None
 
-    def poke(self, context: Context) -> bool:
+    def execute(self, context: Context) -> Any:
         job_id, target, recorded_id = self._target(context)
+        if not self._defers(target) or target.conn_id is None:
+            return super().execute(context)
+        journal_id = self._check(job_id, target, recorded_id)
+        if journal_id is None:
+            return None
+        self.defer(
+            trigger=HeldItemTrigger(job_id=job_id, journal_conn_id=target.conn_id, journal_id=journal_id,
+                                    poll_interval=self.poke_interval),
+            method_name="execute_complete",
+            timeout=timedelta(seconds=self.timeout),
+        )
+
+    def _defers(self, target: JournalTarget) -> bool:
+        """Whether this sensor waits in the triggerer (see the class docstring)."""
+        if target.shared:
+            if self.deferrable is not None:
+                return bool(self.deferrable)
+            from airflow.sdk import conf
+
+            return self.verify is None and conf.getboolean("operators", "default_deferrable", fallback=False)
+        if self.deferrable:
+            raise ValueError(
+                f"{self.task_id}: deferrable=True needs a shared journal (journal_conn_id): the triggerer cannot read "
+                f"the worker-local journal {target.display}. Use deferrable=False (reschedule mode also frees the "
+                "worker slot between pokes), or a shared journal."
+            )
+        return False
+
+    def execute_complete(self, context: Context, event: dict[str, Any] | None = None) -> None:
+        if not isinstance(event, dict) or event.get("status") != "settled":
+            message = event.get("message") if isinstance(event, dict) else None
+            raise ValueError(f"{self.task_id}: {message or 'the trigger ended without an answer'}")
+        self.log.info("Job %s has nothing held or unresolved", event.get("job_id"))
+
+    def poke(self, context: Context) -> bool:
+        return self._check(*self._target(context)) is None
+
+    def _check(self, job_id: str, target: JournalTarget, recorded_id: str | None) -> str | None:
+        """None once the job is settled; else the id of the journal that holds it."""
         if not target.exists():
             raise ValueError(f"{self.task_id}: there is no journal at {target.display} on this worker")
         with target.open() as journal:
@@ -90,6 +146,6 @@ class HeldItemSensor(BaseSensorOperator):
                 assert job is not None
             if job.settled:
                 self.log.info("Job %s has nothing held or unresolved", job_id)
-                return True
+                return None
             self.log.info("Job %s: %d held, %d unresolved; waiting", job_id, job.held, job.unresolved)
-            return False
+            return journal.journal_id

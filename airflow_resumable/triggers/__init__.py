@@ -1,0 +1,1 @@
+"""Triggers run by the Airflow triggerer (deferrable sensors)."""
