@@ -115,7 +115,9 @@ class SqliteJournal(StepJournal):
         # schema, claim_timeout and connect_timeout belong to the PostgreSQL engine: accepted (a
         # configuration may name them for either engine) and unused here.
         super().__init__(durability)
-        self.path = Path(path).expanduser().absolute()
+        # The file itself, not the path as written: the job locks live next to it, and two paths to
+        # one file (a symlink, "a/../a", another relative path) must meet at the same locks.
+        self.path = Path(path).expanduser().resolve()
         self.location = str(self.path)
         self.fsync_count = 0  # fsyncs this journal asked for; benchmarks and tests read it
         self._wal_fd: int | None = None
@@ -179,7 +181,16 @@ class SqliteJournal(StepJournal):
                 f"cannot open the journal {self.path} ({type(exc).__name__}); check that the path is "
                 "a writable file on a local disk."
             ) from None
-        os.close(fd)
+        try:
+            links = os.fstat(fd).st_nlink
+        finally:
+            os.close(fd)
+        if links > 1:
+            # Another name for this file would get its own locks and its own -wal file: refused.
+            raise JournalLocationError(
+                f"journal {self.path} has {links} hard links; open it through one path only (its job locks and "
+                "WAL file are kept next to the name it is opened by)"
+            )
 
     def _tighten_permissions(self) -> None:
         # Only once the file is known to be a journal: a refused foreign file is left untouched.

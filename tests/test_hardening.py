@@ -1,0 +1,92 @@
+"""Issue 12 (hardening): what a hostile or unlucky environment did to the journal. One test (or a few)
+per finding, named after it; each failed on the code before its fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from airflow_resumable.journal import JournalLocationError, StepJournal
+from tests.crash_child import EXIT_BUSY, ChildRun
+from tests.receivers import DurableReceiver
+
+JOB = "hardening/job-1"
+
+
+# -- 1. two paths to one journal must meet at one lock ------------------------------------------------
+
+
+@pytest.mark.parametrize("durability", ["full", "normal"])
+@pytest.mark.parametrize("other_path", ["symlink", "dotdot", "symlinked_folder"])
+def test_finding_1_two_paths_to_one_journal_share_the_job_lock(tmp_path, durability, other_path):
+    real = tmp_path / "worker" / "journal.sqlite3"
+    real.parent.mkdir()
+    with StepJournal(real):
+        pass
+    if other_path == "symlink":
+        alias = tmp_path / "link.sqlite3"
+        alias.symlink_to(real)
+    elif other_path == "dotdot":
+        alias = tmp_path / "worker" / ".." / "worker" / "journal.sqlite3"
+    else:
+        (tmp_path / "folder-link").symlink_to(real.parent)
+        alias = tmp_path / "folder-link" / "journal.sqlite3"
+    receiver_path = tmp_path / "receiver.sqlite3"
+    receiver = DurableReceiver(receiver_path)
+
+    first = ChildRun(tmp_path, real, receiver_path, JOB, durability=durability, pause_at="local",
+                     pause_item="item-013")
+    first.wait_ready()
+    sent = receiver.counts(JOB)
+    code, summary, err = ChildRun(tmp_path, alias, receiver_path, JOB, durability=durability).finish(timeout=60)
+    assert code == EXIT_BUSY, (code, summary, err)
+    assert receiver.counts(JOB) == sent  # the second path sent nothing
+    assert first.kill()
+    # Through the other path the journal is the same file, with the same rows.
+    with StepJournal(alias) as via_alias, StepJournal(real) as via_real:
+        assert via_alias.location == via_real.location == str(real)
+        assert via_alias.rows(JOB) == via_real.rows(JOB)
+
+
+def test_finding_1_a_hard_linked_journal_is_refused(tmp_path):
+    real = tmp_path / "journal.sqlite3"
+    with StepJournal(real):
+        pass
+    os.link(real, tmp_path / "other-name.sqlite3")
+    before = real.read_bytes()
+    for path in (real, tmp_path / "other-name.sqlite3"):
+        with pytest.raises(JournalLocationError, match="2 hard links; open it through one path"):
+            StepJournal(path)
+    assert real.read_bytes() == before
+    assert not Path(str(real) + ".locks").exists() or not any(Path(str(real) + ".locks").iterdir())
+
+
+def held_job(location: str | Path, job: str = JOB, item: str = "a") -> None:
+    """A job with one send held: its reply was lost (unknown outcome), then the next run held it."""
+    from airflow_resumable.runner import Step, run_batch
+
+    def lost(item, ctx):
+        raise ConnectionError("reply lost")
+
+    with StepJournal(location) as journal:
+        with pytest.raises(ConnectionError):
+            run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)])
+        assert [h.item_id for h in run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)]).held] == [item]
+
+
+def test_finding_1_cli_resolve_through_a_symlink_commits_and_says_so(tmp_path):
+    import subprocess
+    import sys
+
+    real = tmp_path / "journal.sqlite3"
+    held_job(real)
+    alias = tmp_path / "alias.sqlite3"
+    alias.symlink_to(real)
+    done = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(alias), "resolve", JOB,
+                           "a", "send", "--not-delivered", "--resolved-by", "me"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    with StepJournal(real) as journal:
+        assert journal.held(JOB) == [] and [r.decision for r in journal.resolutions(JOB)] == ["not_delivered"]
