@@ -90,3 +90,42 @@ def test_finding_1_cli_resolve_through_a_symlink_commits_and_says_so(tmp_path):
     assert done.returncode == 0, done.stderr
     with StepJournal(real) as journal:
         assert journal.held(JOB) == [] and [r.decision for r in journal.resolutions(JOB)] == ["not_delivered"]
+
+
+# -- 8. the receipt-log fold trusts only its own job's well-formed lines -------------------------------
+
+
+def test_finding_8_a_log_under_one_jobs_name_does_not_touch_another_job(tmp_path):
+    from airflow_resumable.journal import Status
+    from tests.test_receipt_log import insert, log_line, row
+
+    path = tmp_path / "journal.sqlite3"
+    with StepJournal(path) as journal:
+        foreign_log = journal._receipt_log_path("some/other/job")  # named after another job...
+    insert(path, row("in-flight", "IN_FLIGHT", "d1"))
+    foreign_log.parent.mkdir(exist_ok=True)
+    foreign_log.write_bytes(log_line("in-flight", "d1", "forged"))  # ...naming the victim's job inside
+    with StepJournal(path) as journal:
+        (victim,) = journal.rows("receipts/job")
+    assert (victim.status, victim.receipt) == (Status.IN_FLIGHT, None)
+
+
+@pytest.mark.parametrize("at", ['"yesterday"', "null", "true", "1e999", "[1]"])
+def test_finding_8_a_line_with_a_bad_timestamp_is_not_folded_and_reads_keep_working(tmp_path, at):
+    import json
+
+    from airflow_resumable.journal import Status
+    from tests.test_receipt_log import JOB as LOG_JOB
+    from tests.test_receipt_log import insert, row
+
+    path = tmp_path / "journal.sqlite3"
+    with StepJournal(path) as journal:
+        log = journal._receipt_log_path(LOG_JOB)
+    insert(path, row("in-flight", "IN_FLIGHT", "d1"))
+    log.parent.mkdir(exist_ok=True)
+    line = json.dumps([LOG_JOB, "in-flight", "notify", "d1", '"r"', "r", 0])[:-2] + at + "]"
+    log.write_bytes(line.encode() + b"\n")
+    with StepJournal(path) as journal:
+        (kept,) = journal.rows(LOG_JOB)  # rows() used to raise TypeError on a folded string timestamp
+        assert kept.status == Status.IN_FLIGHT
+        assert journal.jobs()[0].job_id == LOG_JOB

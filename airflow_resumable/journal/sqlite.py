@@ -30,6 +30,7 @@ import contextlib
 import fcntl
 import hashlib
 import json
+import math
 import os
 import socket
 import sqlite3
@@ -395,6 +396,16 @@ class SqliteJournal(StepJournal):
                 job_id, item_id, step, digest, output, receipt, at = json.loads(line)
             except (ValueError, TypeError):
                 continue  # a torn last line: that send stays IN_FLIGHT, to be verified
+            # Only what this job's runner could have written: the log is named after its job (a log
+            # under one job's name must not touch another job, whose runner may hold its lock), and
+            # every field has its type. Anything else is skipped: that send stays IN_FLIGHT.
+            if not (
+                isinstance(job_id, str) and self._receipt_log_path(job_id) == path
+                and all(isinstance(v, str) for v in (item_id, step, digest))
+                and all(v is None or isinstance(v, str) for v in (output, receipt))
+                and isinstance(at, (int, float)) and not isinstance(at, bool) and math.isfinite(at)
+            ):
+                continue
             updates.append((receipt, output, at, job_id, item_id, step, digest))
         if updates:
             with self._write(durable=True) as tx:
