@@ -129,3 +129,32 @@ def test_finding_8_a_line_with_a_bad_timestamp_is_not_folded_and_reads_keep_work
         (kept,) = journal.rows(LOG_JOB)  # rows() used to raise TypeError on a folded string timestamp
         assert kept.status == Status.IN_FLIGHT
         assert journal.jobs()[0].job_id == LOG_JOB
+
+
+# -- 5. the wrong-worker guard must not fire on the right worker ---------------------------------------
+
+
+@pytest.mark.airflow
+def test_finding_5_a_try_that_failed_on_a_bad_item_does_not_block_the_retry_on_the_same_worker(airflow):
+    from tests.test_airflow_layer import ALL_ITEMS, arm, output, receiver
+
+    arm(airflow, "batch", "bad_item")
+    assert airflow.dags_test("guard_bad_item_once").returncode == 0, output(airflow)[-4000:]
+    assert airflow.task_states("guard_bad_item_once") == {("send", -1): ("success", 2)}
+    assert "InvalidItemError" in output(airflow) and "WrongWorkerError" not in output(airflow)
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+
+
+@pytest.mark.airflow
+def test_finding_5_a_try_that_could_not_open_the_journal_does_not_block_the_retry(airflow):
+    from tests.test_airflow_layer import ALL_ITEMS, output, receiver
+
+    airflow.journal.parent.parent.mkdir(parents=True, exist_ok=True)
+    airflow.journal.parent.write_text("a file where the journal's folder should be")
+    assert airflow.dags_test("guard_journal_unopenable_once").returncode == 0, output(airflow)[-4000:]
+    assert airflow.task_states("guard_journal_unopenable_once") == {("send", -1): ("success", 2)}
+    assert "cannot open the journal" in output(airflow)
+    assert "WrongWorkerError" not in output(airflow)
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}

@@ -245,7 +245,10 @@ class ResumableBatchOperator(BaseOperator):
                     f"this job's journal is on host {recorded.get('host')!r} at {where}, "
                     f"but this try runs on {hostname!r} with journal {journal.location}"
                 )
-        elif not shared and ti.try_number > 1 and not journal.has_job(job_id):
+        elif store is None and not shared and ti.try_number > 1 and not journal.has_job(job_id):
+            # Without task_state_store (Airflow < 3.3) a journal that never saw the job is all there
+            # is to go on. With it, no record means no earlier try got past this guard, and every
+            # try records its journal here before its first send: nothing was sent anywhere.
             danger = (
                 f"this is try {ti.try_number}, but the journal {journal.location} on {hostname!r} has never "
                 "seen this job: earlier tries ran on another worker or the journal was removed"

@@ -92,3 +92,18 @@ def steps(with_verify: bool) -> list[Step]:
         Step("transform", transform),
         Step("notify_external", notify, side_effect=True, verify=verify if with_verify else None),
     ]
+
+
+def items_bad_once() -> list[dict]:
+    """The batch's items; the first time (fault "bad_item" armed on "batch") one of them has no id."""
+    batch = items()
+    if _fire("batch", "bad_item"):
+        batch[0] = {"amount": 1}
+    return batch
+
+
+def unblock_journal(context) -> None:
+    """on_retry_callback: the folder the journal goes in was a file (try 1 could not open it); fix it."""
+    folder = os.path.dirname(os.environ["AIRFLOW__RESUMABLE__JOURNAL_PATH"])
+    if os.path.isfile(folder):
+        os.unlink(folder)

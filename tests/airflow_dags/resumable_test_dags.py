@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from _article import items, notify, steps, transform, validate, verify
+from _article import items, items_bad_once, notify, steps, transform, unblock_journal, validate, verify
 from airflow.sdk import DAG
 
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
@@ -48,6 +48,14 @@ with DAG("article_wrong_worker", schedule=None, start_date=start, default_args=d
 
 with DAG("article_wrong_worker_afresh", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), start_afresh=True)
+
+# Issue 12, finding 5: try 1 fails before writing anything; try 2 on the same worker must run.
+with DAG("guard_bad_item_once", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items_bad_once, steps=steps(with_verify=False))
+
+with DAG("guard_journal_unopenable_once", schedule=None, start_date=start, default_args=defaults, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
+                           on_retry_callback=unblock_journal)
 
 with DAG("article_mapped", schedule=None, start_date=start, default_args=defaults, catchup=False):
     chunks = [items(10, prefix=f"chunk{c}") for c in range(4)]
