@@ -3,7 +3,12 @@
 The journal comes from ``--journal`` (a file, or a ``postgresql://`` URL of a shared journal), or
 ``--conn-id`` (an Airflow Postgres connection), else the Airflow config as the operators read it:
 ``[resumable] journal_conn_id``, ``[resumable] journal_path``, ``$AIRFLOW_HOME/resumable/journal.sqlite3``.
-Exit codes: 0 ok, 1 refused (nothing changed), 2 bad arguments.
+Exit codes: 0 ok, 1 refused (nothing changed), 2 bad arguments, 3 an internal error (a bug: please report
+it with the traceback).
+
+Ids are data from DAG authors and upstream systems: tables show control and format characters escaped
+(no terminal escape sequences reach your screen), and CSV cells that a spreadsheet would run as a
+formula are quoted with a leading apostrophe.
 """
 
 from __future__ import annotations
@@ -16,15 +21,18 @@ import io
 import json
 import re
 import sys
+import traceback
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from airflow_resumable.journal import JournalError, StepJournal, is_postgres_url
+from airflow_resumable.journal import JournalError, NotHeldError, ResolutionError, StepJournal, is_postgres_url
 
-EXIT_REFUSED, EXIT_USAGE = 1, 2
+EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -55,10 +63,32 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _printable(text: str) -> str:
+    """``text`` with control, format (bidi overrides, zero-width), separator and surrogate characters
+    escaped as ``\\x1b`` / ``\\u202e``: safe to print to a terminal, one row per line."""
+    if text.isprintable():
+        return text
+    return "".join(
+        ch if ch.isprintable() or unicodedata.category(ch) not in ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
+        else (f"\\x{ord(ch):02x}" if ord(ch) < 0x100 else f"\\u{ord(ch):04x}" if ord(ch) < 0x10000
+              else f"\\U{ord(ch):08x}")
+        for ch in text
+    )
+
+
+def _csv_cell(value: Any) -> Any:
+    """A cell a spreadsheet shows as text: a string that would start a formula gets a leading '."""
+    if isinstance(value, (dict, list)):
+        value = json.dumps(value)
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
     if not rows:
         return "(none)"
-    cells = [[str("" if row.get(c) is None else row.get(c)) for c in columns] for row in rows]
+    cells = [[_printable(str("" if row.get(c) is None else row.get(c))) for c in columns] for row in rows]
     widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
     lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
@@ -119,7 +149,7 @@ def _open(args: argparse.Namespace) -> StepJournal:
         # Airflow logs to stdout while it looks a connection up; stdout is for our tables and JSON.
         with contextlib.redirect_stdout(sys.stderr):
             target = journal_target(conn_id=args.conn_id, path=args.journal)
-    if args.command != "prune" and not target.exists():
+    if not target.exists():  # no command creates a journal: a typo must not leave an empty one behind
         raise JournalError(
             f"no journal at {target.display}; pass --journal or --conn-id, or set [resumable] journal_path"
         )
@@ -171,7 +201,7 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         if args.json:
             out.write(json.dumps({"pruned": pruned}) + "\n")
         else:
-            out.write(f"pruned {len(pruned)} job(s)" + "".join(f"\n  {j}" for j in pruned) + "\n")
+            out.write(f"pruned {len(pruned)} job(s)" + "".join(f"\n  {_printable(j)}" for j in pruned) + "\n")
     elif args.command == "export":
         rows = _plain(journal.rows(args.job_id))
         if args.format == "json":
@@ -180,20 +210,27 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
             writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["item_id"], lineterminator="\n")
             writer.writeheader()
             for row in rows:
-                writer.writerow({k: json.dumps(v) if isinstance(v, (dict, list)) else v for k, v in row.items()})
+                writer.writerow({k: _csv_cell(v) for k, v in row.items()})
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from airflow_resumable._airflow import JournalConfigError
+
     try:
         return run(args, sys.stdout)
-    except ValueError as exc:  # refused resolutions: the journal is unchanged
+    except (ResolutionError, NotHeldError) as exc:  # refused resolutions: the journal is unchanged
         sys.stderr.write(f"airflow-resumable: refused: {exc}\n")
         return EXIT_REFUSED
-    except JournalError as exc:
+    except (JournalError, JournalConfigError) as exc:
         sys.stderr.write(f"airflow-resumable: {exc}\n")
         return EXIT_REFUSED
+    except Exception:  # noqa: BLE001 - a bug is not a refusal: say so, with the traceback
+        traceback.print_exc()
+        sys.stderr.write("airflow-resumable: internal error (a bug, not a refusal); please report it with the "
+                         "traceback above\n")
+        return EXIT_BUG
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ per finding, named after it; each failed on the code before its fix."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -158,3 +159,76 @@ def test_finding_5_a_try_that_could_not_open_the_journal_does_not_block_the_retr
     assert "WrongWorkerError" not in output(airflow)
     counts = receiver(airflow).counts()
     assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
+
+
+# -- 7. the CLI: no terminal escapes, no spreadsheet formulas, no journal out of a typo, bugs are bugs ---
+
+
+def cli(*args: str):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "airflow_resumable.cli", *args], capture_output=True, text=True,
+                          timeout=60)
+
+
+def journal_with_ids(path: Path, ids: list[str]) -> None:
+    from airflow_resumable.runner import Step, run_batch
+
+    with StepJournal(path) as journal:
+        run_batch(journal, JOB, [{"id": i} for i in ids], [Step("send", lambda item, ctx: ctx.item_id, side_effect=True)])
+
+
+def test_finding_7_show_never_prints_raw_escape_sequences(tmp_path):
+    path = tmp_path / "journal.sqlite3"
+    hostile = ["\x1b]0;pwned\x07\x1b[2J", "bidi-\u202eexe.txt", "line\nbreak", "zero\u200bwidth", "bell\x07"]
+    journal_with_ids(path, hostile)
+    for command in (["show", JOB], ["held", JOB], ["audit", JOB], ["jobs"]):
+        out = cli("--journal", str(path), *command)
+        assert out.returncode == 0, out.stderr
+        assert not any(ch in out.stdout for ch in "\x1b\x07\u202e\u200b"), (command, out.stdout)
+    shown = cli("--journal", str(path), "show", JOB).stdout
+    assert "\\x1b]0;pwned\\x07\\x1b[2J" in shown and "bidi-\\u202eexe.txt" in shown and "line\\x0abreak" in shown
+    assert len(shown.strip().splitlines()) == 1 + len(hostile)  # one line per row
+    # --json stays exact (and escaped by JSON itself)
+    rows = json.loads(cli("--journal", str(path), "--json", "show", JOB).stdout)
+    assert sorted(r["item_id"] for r in rows) == sorted(hostile)
+
+
+def test_finding_7_export_csv_quotes_cells_a_spreadsheet_would_run(tmp_path):
+    import csv
+    import io
+
+    path = tmp_path / "journal.sqlite3"
+    formulas = ["=HYPERLINK(\"http://x\")", "+1+1", "-2+3", "@SUM(A1)", "\tTAB", "plain"]
+    journal_with_ids(path, formulas)
+    out = cli("--journal", str(path), "export", JOB, "--format", "csv")
+    assert out.returncode == 0, out.stderr
+    cells = {row["item_id"]: row for row in csv.DictReader(io.StringIO(out.stdout))}
+    assert set(cells) == {"'" + f for f in formulas[:-1]} | {"plain"}
+    for row in cells.values():
+        assert not any(str(v).startswith(("=", "+", "-", "@", "\t")) for v in row.values()), row
+
+
+@pytest.mark.parametrize("command", [["prune", "--older-than", "30d"], ["held"], ["jobs"], ["show", JOB],
+                                     ["resolve", JOB, "a", "send", "--not-delivered", "--resolved-by", "me"]])
+def test_finding_7_no_command_creates_a_journal_from_a_typo(tmp_path, command):
+    typo = tmp_path / "jounral.sqlite3"
+    out = cli("--journal", str(typo), *command)
+    assert out.returncode == 1 and "no journal at" in out.stderr, (out.returncode, out.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_finding_7_a_bug_is_not_reported_as_a_refusal(tmp_path, monkeypatch, capsys):
+    from airflow_resumable import cli as cli_module
+
+    path = tmp_path / "journal.sqlite3"
+    journal_with_ids(path, ["a"])
+
+    def broken(self, job_id=None):
+        raise ValueError("an internal bug")
+
+    monkeypatch.setattr(StepJournal, "held", broken)
+    assert cli_module.main(["--journal", str(path), "held"]) == cli_module.EXIT_BUG
+    err = capsys.readouterr().err
+    assert "refused" not in err and "internal error" in err and "Traceback" in err
