@@ -32,6 +32,7 @@ from typing import Any
 from airflow_resumable.journal import JournalError, NotHeldError, ResolutionError, StepJournal, is_postgres_url
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
+READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -153,7 +154,8 @@ def _open(args: argparse.Namespace) -> StepJournal:
         raise JournalError(
             f"no journal at {target.display}; pass --journal or --conn-id, or set [resumable] journal_path"
         )
-    journal: StepJournal = target.open()
+    # Read commands write nothing (they work on a full disk); resolve and prune are writers.
+    journal: StepJournal = target.open(readonly=args.command in READ_COMMANDS)
     return journal
 
 

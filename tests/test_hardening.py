@@ -74,7 +74,8 @@ def held_job(location: str | Path, job: str = JOB, item: str = "a") -> None:
     with StepJournal(location) as journal:
         with pytest.raises(ConnectionError):
             run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)])
-        assert [h.item_id for h in run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)]).held] == [item]
+        second = run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)])
+        assert [h.item_id for h in second.held] == [item]
 
 
 def test_finding_1_cli_resolve_through_a_symlink_commits_and_says_so(tmp_path):
@@ -232,3 +233,98 @@ def test_finding_7_a_bug_is_not_reported_as_a_refusal(tmp_path, monkeypatch, cap
     assert cli_module.main(["--journal", str(path), "held"]) == cli_module.EXIT_BUG
     err = capsys.readouterr().err
     assert "refused" not in err and "internal error" in err and "Traceback" in err
+
+
+# -- 6. the UI: one URL per job, every listed job has a page, a page view writes nothing ---------------
+
+LONG_JOB = "hardening_dag/send/" + "r" * 1500
+PLAIN_JOB = "hardening_dag/send/run-1"
+JSON_NAMED_JOB = PLAIN_JOB + ".json"
+LOGGED_JOB = "hardening_dag/send/run-with-a-receipt-log"
+
+
+@pytest.fixture(scope="module")
+def ui_server(airflow_template, tmp_path_factory):
+    import shutil
+
+    from airflow_resumable.runner import Step, run_batch
+    from tests import airflow_server
+    from tests.airflow_harness import base_env
+    from tests.test_receipt_log import log_line
+
+    tmp = tmp_path_factory.mktemp("ui-hardening")
+    home = tmp / "airflow"
+    shutil.copytree(airflow_template, home)
+    journal_path = tmp / "worker" / "journal.sqlite3"
+    send = [Step("send", lambda item, ctx: f"rcpt-{ctx.job_id[-8:]}-{item['id']}", side_effect=True)]
+    with StepJournal(journal_path) as journal:
+        run_batch(journal, PLAIN_JOB, [{"id": "plain-item"}], send)
+        run_batch(journal, JSON_NAMED_JOB, [{"id": "json-named-item"}], send)
+        run_batch(journal, LONG_JOB, [{"id": "long-item"}], send)
+        # A dead runner's send: IN_FLIGHT in the journal, its receipt only in the receipt log.
+        with journal.open_job(LOGGED_JOB) as run:
+            run.mark_in_flight("in-flight", "notify", "d1")
+            run.flush(durable=True)
+        log = journal._receipt_log_path(LOGGED_JOB)
+    log.write_bytes(log_line("in-flight", "d1", "rcpt-in-log").replace(b"receipts/job", LOGGED_JOB.encode()))
+    port = airflow_server.free_port()
+    env = airflow_server.server_env(base_env(home), home, port)
+    env["AIRFLOW__RESUMABLE__JOURNAL_PATH"] = str(journal_path)
+    srv = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
+                               env, f"http://127.0.0.1:{port}", tmp / "api-server.log")
+    srv.journal, srv.receipt_log = journal_path, log
+    try:
+        yield srv
+    finally:
+        srv.stop()
+
+
+def _get(server, path: str, accept: str = "application/json"):
+    from tests import airflow_server
+
+    return airflow_server.get(server.url + "/resumable" + path, bearer=airflow_server.token(server.url, "admin"),
+                              accept=accept)
+
+
+@pytest.mark.airflow
+def test_finding_6_a_job_id_ending_in_json_has_its_own_page_and_json(ui_server):
+    from html import unescape
+    from urllib.parse import quote
+
+    status, _, page = _get(ui_server, f"/jobs/{quote(JSON_NAMED_JOB, safe='')}", accept="text/html")
+    assert status == 200 and page.lstrip().startswith("<!doctype html>"), page[:300]
+    assert JSON_NAMED_JOB in unescape(page.replace("<wbr>", ""))
+    status, _, body = _get(ui_server, f"/api/jobs/{quote(JSON_NAMED_JOB, safe='')}")
+    assert status == 200 and json.loads(body)["job"]["job_id"] == JSON_NAMED_JOB
+    status, _, body = _get(ui_server, f"/api/jobs/{quote(PLAIN_JOB, safe='')}")
+    assert status == 200 and json.loads(body)["job"]["job_id"] == PLAIN_JOB
+
+
+@pytest.mark.airflow
+def test_finding_6_every_listed_job_has_a_page_however_long_its_id(ui_server):
+    from urllib.parse import quote
+
+    status, _, body = _get(ui_server, "/jobs.json")
+    listed = {j["job_id"] for j in json.loads(body)["jobs"]}
+    assert LONG_JOB in listed
+    for job_id in listed:
+        status, _, page = _get(ui_server, f"/jobs/{quote(job_id, safe='')}", accept="text/html")
+        assert status == 200, (len(job_id), status)
+        status, _, body = _get(ui_server, f"/api/jobs/{quote(job_id, safe='')}")
+        assert status == 200 and json.loads(body)["job"]["job_id"] == job_id
+
+
+@pytest.mark.airflow
+def test_finding_6_a_page_view_writes_nothing(ui_server):
+    from urllib.parse import quote
+
+    from tests.backends import snapshot
+
+    before = snapshot(str(ui_server.journal))
+    log_before = ui_server.receipt_log.read_bytes()
+    for path in ("/", "/jobs.json", f"/jobs/{quote(LOGGED_JOB, safe='')}", f"/api/jobs/{quote(LOGGED_JOB, safe='')}"):
+        accept = "application/json" if "json" in path or "/api/" in path else "text/html"
+        status, _, _ = _get(ui_server, path, accept=accept)
+        assert status == 200, path
+    assert snapshot(str(ui_server.journal)) == before  # the dead runner's receipt was not folded by a reader
+    assert ui_server.receipt_log.read_bytes() == log_before

@@ -87,7 +87,7 @@ def pages(server) -> list[str]:
         base + "/",
         base + "/jobs.json",
         base + f"/jobs/{quote(HELD_JOB, safe='')}",
-        base + f"/jobs/{quote(HELD_JOB, safe='')}.json",
+        base + f"/api/jobs/{quote(HELD_JOB, safe='')}",
         base + "/resolve?" + f"job_id={quote(HELD_JOB, safe='')}&item_id=item-041&step=notify_external",
     ]
 
@@ -174,7 +174,7 @@ def test_viewer_role_with_dag_read_gets_the_page(server):
 
 
 def test_unknown_job_or_step_is_a_short_404(server, admin):
-    for url in (server.url + "/resumable/jobs/no-such-job", server.url + "/resumable/jobs/no-such-job.json",
+    for url in (server.url + "/resumable/jobs/no-such-job", server.url + "/resumable/api/jobs/no-such-job",
                 server.url + "/resumable/resolve?job_id=x&item_id=y&step=z",
                 server.url + f"/resumable/resolve?job_id={quote(DONE_JOB, safe='')}&item_id=item-001&step=validate"):
         status, _, body = airflow_server.get(url, bearer=admin)

@@ -57,6 +57,9 @@ class StepJournal:
         storage before the send starts. ``"normal"``: it survives the runner being killed, but not
         power loss or a crash of the OS (SQLite) or of the database server (PostgreSQL).
 
+    ``readonly=True``: open for reading only (the UI page, the CLI's read commands): the open writes
+    nothing, so it works on a full disk; a SQLite journal then shows what is committed, and receipts a
+    dead runner left in its receipt log are folded by the next writer (a run, a resolution, prune).
     SQLite only: ``allow_network_filesystem``, ``busy_timeout``. PostgreSQL only: ``schema``
     (default ``resumable``), ``claim_timeout`` (seconds within which a runner that vanished or was
     cut off from the server loses its claim on a job, default 30), ``connect_timeout``.

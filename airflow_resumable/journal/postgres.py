@@ -153,8 +153,10 @@ class PostgresJournal(StepJournal):
         connect_timeout: float = 10.0,
         allow_network_filesystem: bool = False,
         busy_timeout: float | None = None,
+        readonly: bool = False,
     ) -> None:
         # allow_network_filesystem and busy_timeout belong to the SQLite engine: accepted, unused.
+        # readonly: opening writes nothing here anyway (a SELECT-only role can open the journal).
         super().__init__(durability)
         if psycopg is None:
             raise JournalError(

@@ -112,6 +112,7 @@ class SqliteJournal(StepJournal):
         schema: str | None = None,
         claim_timeout: float | None = None,
         connect_timeout: float | None = None,
+        readonly: bool = False,
     ) -> None:
         # schema, claim_timeout and connect_timeout belong to the PostgreSQL engine: accepted (a
         # configuration may name them for either engine) and unused here.
@@ -156,6 +157,8 @@ class SqliteJournal(StepJournal):
             self._close_quietly()
             raise
         self._tighten_permissions()
+        if readonly:  # a reader (the UI page, the CLI's read commands) writes nothing: no fold
+            return
         try:
             self._fold_orphaned_receipt_logs()
         except BaseException:

@@ -37,6 +37,7 @@ RESOLVE_DAG_ID = "resolve_held_item"
 MAX_OPEN_ROWS = 500
 MAX_RESOLUTIONS = 50
 MAX_ID_LENGTH = 1024
+MAX_JOB_ID_LENGTH = 64 * 1024
 # The two decisions that settle each kind of hold; the first is pre-selected because it is the one
 # that cannot cause a duplicate send (delivered needs the receiver's receipt; keep_previous sends nothing).
 DECISIONS = {
@@ -119,7 +120,7 @@ def _journal() -> Iterator[StepJournal | None]:
         if not target.exists():  # nothing ran on this host yet: show an empty page, never create a file
             yield None
             return
-        journal = target.open()
+        journal = target.open(readonly=True)  # a page view writes nothing
     except (JournalError, ValueError) as exc:
         # The type only: journal messages name paths and are meant for the worker's log.
         raise HTTPException(status_code=503, detail=f"the journal cannot be read ({type(exc).__name__})") from None
@@ -170,7 +171,10 @@ def _row_dict(row: StepRecord) -> dict[str, Any]:
 
 
 def _check_id(value: str, what: str) -> str:
-    if not value or len(value) > MAX_ID_LENGTH:
+    # Item ids are at most MAX_ID_LENGTH (the runner refuses longer ones); job ids may be longer (a
+    # DAG id, a task id and a run id), so any job the list shows has a page.
+    limit = MAX_JOB_ID_LENGTH if what == "job" else MAX_ID_LENGTH
+    if not value or len(value) > limit:
         raise HTTPException(status_code=404, detail=f"unknown {what}")
     return value
 
@@ -308,7 +312,8 @@ def jobs_json(viewer: ViewerDep) -> dict[str, Any]:
     }
 
 
-@app.get("/jobs/{job_id:path}.json")
+# Not "/jobs/{job_id}.json": a job whose id ends in ".json" would open another job's JSON.
+@app.get("/api/jobs/{job_id:path}")
 def job_json(job_id: str, viewer: ViewerDep) -> dict[str, Any]:
     with _journal() as journal:
         return _job_detail(journal, job_id, viewer)
