@@ -328,3 +328,93 @@ def test_finding_6_a_page_view_writes_nothing(ui_server):
         assert status == 200, path
     assert snapshot(str(ui_server.journal)) == before  # the dead runner's receipt was not folded by a reader
     assert ui_server.receipt_log.read_bytes() == log_before
+
+
+# -- 4. a full disk is a full disk, not corruption; readers work on it ------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB filesystem (tmpfs), so that the disk really fills up. Needs root (CI runs as root)."""
+    import subprocess
+
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0700", "tmpfs", str(mount)],
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI runs as root and must be able to mount a tmpfs: {done.stderr}")
+        pytest.skip(f"mounting a small tmpfs needs root: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path, leave: int = 0) -> Path:
+    """Fill ``disk`` to the last byte but ``leave``; returns the filler file (delete it to free the space)."""
+    spare = disk / "spare"
+    spare.write_bytes(b"\0" * leave)
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (65536, 4096, 512, 1):
+            try:
+                while True:
+                    os.write(fd, b"\0" * size)
+            except OSError:
+                continue
+    finally:
+        os.close(fd)
+    spare.unlink()
+    return filler
+
+
+def test_finding_4_a_full_disk_is_reported_as_such_and_nothing_is_lost(small_disk):
+    from airflow_resumable.journal import JournalCorruptError, JournalDiskFullError, Status
+    from airflow_resumable.runner import Step, run_batch
+
+    path = small_disk / "journal.sqlite3"
+    sent: list[str] = []
+    steps = [Step("transform", lambda item, ctx: "x" * 1000),
+             Step("send", lambda item, ctx: sent.append(ctx.item_id) or f"r-{ctx.item_id}", side_effect=True)]
+    items = [{"id": f"item-{i:04d}"} for i in range(300)]
+    with StepJournal(path) as journal:
+        run_batch(journal, JOB, items[:10], steps)
+    filler = fill(small_disk, leave=256 * 1024)  # room for some of the batch, not all of it
+    with pytest.raises(JournalDiskFullError) as caught, StepJournal(path) as journal:
+        run_batch(journal, JOB, items, steps)
+    message = str(caught.value)
+    assert "is full" in message and "Free space" in message and "restore it from a backup" not in message
+    assert not isinstance(caught.value, JournalCorruptError)
+    assert 10 < len(sent) < len(items)  # the full disk stopped the run part way
+
+    filler.unlink()  # the operator frees space and retries
+    with StepJournal(path) as journal:
+        result = run_batch(journal, JOB, items, steps)
+        rows = journal.rows(JOB)
+    assert result.status == "completed" or result.held
+    delivered = {r.item_id for r in rows if r.step == "send" and r.status == Status.SUCCEEDED}
+    # Nothing sent twice; every item sent once unless held for a human (an outcome the full disk hid).
+    assert len(sent) == len(set(sent))
+    assert delivered | {h.item_id for h in result.held} == {i["id"] for i in items}
+
+
+def test_finding_4_reading_works_on_a_full_disk(small_disk):
+    import subprocess
+    import sys
+
+    path = small_disk / "journal.sqlite3"
+    held_job(path)
+    with StepJournal(path) as journal:  # a dead runner's receipt log: a writer's open would fold it
+        log = journal._receipt_log_path(JOB)
+    log.write_bytes(b"")
+    fill(small_disk)
+    for command in (["held", JOB], ["show", JOB], ["jobs"], ["audit", JOB], ["export", JOB]):
+        done = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(path), *command],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (command, done.stderr)
+    held = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(path), "--json", "held",
+                           JOB], capture_output=True, text=True, timeout=60)
+    assert [h["item_id"] for h in json.loads(held.stdout)] == ["a"]

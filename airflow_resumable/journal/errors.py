@@ -26,6 +26,10 @@ class JournalCorruptError(JournalError):
     """The journal is not a readable step journal."""
 
 
+class JournalDiskFullError(JournalError):
+    """The disk holding the journal is full. Nothing is lost: free space and retry (never restore)."""
+
+
 class JournalVersionError(JournalError):
     """The journal was written by a newer version of this provider."""
 

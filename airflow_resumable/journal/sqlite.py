@@ -27,6 +27,7 @@ steps it names - only rows still ``IN_FLIGHT`` with the same digest - and remove
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import json
@@ -46,6 +47,7 @@ from airflow_resumable.journal.base import FOLD_RUNNER, Durability, StepJournal
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JournalCorruptError,
+    JournalDiskFullError,
     JournalError,
     JournalLocationError,
     JournalVersionError,
@@ -136,20 +138,16 @@ class SqliteJournal(StepJournal):
                 )
         self._create_file()
         try:
-            self._conn = sqlite3.connect(
-                str(self.path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
-            )
-            self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
-            self._refuse_foreign_database()
-            mode = self._switch_to_wal(busy_timeout)
-            if str(mode).lower() != "wal":
-                raise JournalLocationError(
-                    f"journal {self.path} could not be switched to WAL mode (got {mode!r}); "
-                    "put it on a local disk."
-                )
-            self._conn.execute("PRAGMA synchronous = NORMAL")
-            self._migrate()
-            self.journal_id = self._conn.execute(sql.JOURNAL_ID).fetchone()[0]
+            try:
+                self._connect(busy_timeout, private_index=False)
+            except sqlite3.OperationalError as exc:
+                if not (readonly and self._is_disk_full(exc)):
+                    raise
+                # A full disk has no room for the shared-memory index (-shm) that WAL readers share:
+                # this reader keeps a private one in memory instead (exclusive locking mode, held for
+                # the moment the reader is open; writers are failing on the full disk anyway).
+                self._close_quietly()
+                self._connect(busy_timeout, private_index=True)
         except sqlite3.DatabaseError as exc:
             self._close_quietly()
             raise self._corrupt(exc) from None
@@ -165,6 +163,38 @@ class SqliteJournal(StepJournal):
             self._close_quietly()
             raise
 
+    def _connect(self, busy_timeout: float, *, private_index: bool) -> None:
+        """Connect, check the file is a journal in WAL mode, migrate it, read its id."""
+        self._conn = sqlite3.connect(
+            str(self.path), timeout=busy_timeout, isolation_level=None, check_same_thread=False
+        )
+        if private_index:
+            self._conn.execute("PRAGMA locking_mode = EXCLUSIVE")
+        self._conn.execute(f"PRAGMA busy_timeout = {int(busy_timeout * 1000)}")
+        self._refuse_foreign_database()
+        mode = self._switch_to_wal(busy_timeout)
+        if str(mode).lower() != "wal":
+            raise JournalLocationError(
+                f"journal {self.path} could not be switched to WAL mode (got {mode!r}); "
+                "put it on a local disk."
+            )
+        self._conn.execute("PRAGMA synchronous = NORMAL")
+        self._migrate()
+        self.journal_id = self._conn.execute(sql.JOURNAL_ID).fetchone()[0]
+
+    def _is_disk_full(self, exc: sqlite3.DatabaseError) -> bool:
+        """SQLITE_FULL, or an I/O error (e.g. no room to size the -shm file) on a disk with no room left."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        if code == SQLITE_FULL or "disk is full" in str(exc):
+            return True
+        if code is None or code & 0xFF != SQLITE_IOERR:
+            return False
+        try:
+            info = os.statvfs(self.path.parent)
+        except OSError:
+            return False
+        return info.f_bavail * info.f_frsize < NEARLY_FULL_BYTES
+
     # -- opening ------------------------------------------------------------------------------
 
     def _create_file(self) -> None:
@@ -174,6 +204,8 @@ class SqliteJournal(StepJournal):
                 directory.mkdir(mode=0o700, parents=True)
                 directory.chmod(0o700)  # mkdir's mode is filtered by the umask
             except OSError as exc:
+                if _is_disk_full(exc):
+                    raise self._disk_full("ENOSPC") from None
                 raise JournalError(
                     f"cannot create the journal directory {directory} ({type(exc).__name__}); "
                     "check the path and its permissions."
@@ -181,6 +213,8 @@ class SqliteJournal(StepJournal):
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
+            if _is_disk_full(exc):
+                raise self._disk_full("ENOSPC") from None
             raise JournalError(
                 f"cannot open the journal {self.path} ({type(exc).__name__}); check that the path is "
                 "a writable file on a local disk."
@@ -266,7 +300,12 @@ class SqliteJournal(StepJournal):
     def closed(self) -> bool:
         return self._conn is None
 
+    def _disk_full(self, what: str) -> JournalDiskFullError:
+        return disk_full_error(self.path, what)
+
     def _corrupt(self, exc: sqlite3.DatabaseError) -> JournalError:
+        if self._is_disk_full(exc):
+            return self._disk_full(getattr(exc, "sqlite_errorname", None) or "SQLITE_FULL")
         return JournalCorruptError(
             f"journal {self.path} is unreadable or corrupt ({type(exc).__name__}: "
             f"{'not a SQLite database' if 'not a database' in str(exc) else 'malformed'}). Nothing "
@@ -334,15 +373,20 @@ class SqliteJournal(StepJournal):
     def _sync_wal(self) -> None:
         # fsync works on the file, not on the descriptor: syncing our own descriptor of the -wal
         # file makes every frame SQLite wrote to it so far durable.
-        if self._wal_fd is None:
-            self._wal_fd = os.open(str(self.path) + "-wal", os.O_RDONLY)
-            # The first time, also make the -wal file's directory entry durable.
-            dir_fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        os.fsync(self._wal_fd)
+        try:
+            if self._wal_fd is None:
+                self._wal_fd = os.open(str(self.path) + "-wal", os.O_RDONLY)
+                # The first time, also make the -wal file's directory entry durable.
+                dir_fd = os.open(self.path.parent, os.O_RDONLY)
+                try:
+                    os.fsync(dir_fd)
+                finally:
+                    os.close(dir_fd)
+            os.fsync(self._wal_fd)
+        except OSError as exc:
+            if _is_disk_full(exc):
+                raise self._disk_full("ENOSPC on fsync") from None
+            raise
         self.fsync_count += 1
 
     def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
@@ -416,6 +460,23 @@ class SqliteJournal(StepJournal):
         path.unlink(missing_ok=True)
 
 
+SQLITE_IOERR, SQLITE_FULL = 10, 13  # sqlite3's constants (Python 3.11+); extended codes keep them in the low byte
+NEARLY_FULL_BYTES = 1 << 20  # an I/O error with less room than this left is taken for a full disk
+
+
+def _is_disk_full(exc: OSError) -> bool:
+    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+
+
+def disk_full_error(journal: Path, what: str) -> JournalDiskFullError:
+    return JournalDiskFullError(
+        f"the disk holding journal {journal} is full ({what}). Nothing is lost: what the journal "
+        "committed is intact, and a send whose outcome it could not record stays IN_FLIGHT for the next "
+        "run to verify or hold. Free space on that disk, then retry the task; do not move, delete or "
+        "restore the journal."
+    )
+
+
 class FileReceiptLog:
     """A job's receipt log: appended with one ``write`` per round, never fsync'd."""
 
@@ -424,9 +485,15 @@ class FileReceiptLog:
         self._fd: int | None = None
 
     def write(self, data: bytes) -> None:
-        if self._fd is None:
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        os.write(self._fd, data)
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            os.write(self._fd, data)
+        except OSError as exc:
+            if _is_disk_full(exc):
+                journal = Path(str(self.path.parent).removesuffix(".locks"))  # <journal>.locks/<job>.receipts
+                raise disk_full_error(journal, "ENOSPC writing a receipt log") from None
+            raise
 
     def committed(self) -> None:
         if self._fd is not None:
@@ -478,8 +545,13 @@ class JobLock:
                 pass
             os.close(self._fd)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time(), "runner": runner}
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps(info).encode("utf-8"), 0)
+        try:
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps(info).encode("utf-8"), 0)
+        except OSError as exc:  # who holds the lock is for messages only: a full disk must not stop the run
+            if not _is_disk_full(exc):
+                self.release()
+                raise
 
     def _holder(self) -> tuple[str, str | None]:
         """Who holds the lock, for messages, and the runner name it gave."""
