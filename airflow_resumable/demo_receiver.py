@@ -17,6 +17,7 @@ import argparse
 import json
 import sqlite3
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,7 @@ class ReceiverStore:
         self._conn.executescript(
             """CREATE TABLE IF NOT EXISTS deliveries (
                    seq INTEGER PRIMARY KEY AUTOINCREMENT, idempotency_key TEXT, item_id TEXT,
-                   body TEXT, received_at REAL DEFAULT (unixepoch('subsec')));
+                   body TEXT, received_at REAL);
                CREATE INDEX IF NOT EXISTS deliveries_key ON deliveries (idempotency_key);
                CREATE TABLE IF NOT EXISTS faults (item_id TEXT PRIMARY KEY, mode TEXT NOT NULL);"""
         )
@@ -63,8 +64,10 @@ class ReceiverStore:
                 ).fetchone()
                 if found:
                     return f"rcpt-{found[0]}", True
+            # The time comes from here, not from SQL: unixepoch('subsec') needs SQLite >= 3.42.
             cur = self._conn.execute(
-                "INSERT INTO deliveries (idempotency_key, item_id, body) VALUES (?, ?, ?)", (key, item_id, body)
+                "INSERT INTO deliveries (idempotency_key, item_id, body, received_at) VALUES (?, ?, ?, ?)",
+                (key, item_id, body, time.time()),
             )
             return f"rcpt-{cur.lastrowid}", False
 
@@ -145,10 +148,15 @@ def make_handler(store: ReceiverStore) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # The listen backlog: socketserver's default of 5 resets connections when a runner opens 16 at once.
+    request_queue_size = 128
+
+
 def serve(port: int, db: Path, *, dedupe: bool = True, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     store = ReceiverStore(db, dedupe=dedupe)
-    server = ThreadingHTTPServer((host, port), make_handler(store))
-    server.daemon_threads = True
+    server = _Server((host, port), make_handler(store))
     server.store = store  # type: ignore[attr-defined]
     return server
 

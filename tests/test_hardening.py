@@ -418,3 +418,41 @@ def test_finding_4_reading_works_on_a_full_disk(small_disk):
     held = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(path), "--json", "held",
                            JOB], capture_output=True, text=True, timeout=60)
     assert [h["item_id"] for h in json.loads(held.stdout)] == ["a"]
+
+
+# -- 10. the demo receiver: a time on every delivery, room for a burst of connections -------------------
+
+
+def test_finding_10_received_at_is_recorded_on_any_sqlite(tmp_path):
+    import sqlite3
+    import time
+
+    from airflow_resumable.demo_receiver import ReceiverStore
+
+    store = ReceiverStore(tmp_path / "receiver.sqlite3", dedupe=False)
+    before = time.time()
+    store.accept("k1", "item-1", "{}")
+    after = time.time()
+    conn = sqlite3.connect(tmp_path / "receiver.sqlite3")
+    (received_at,) = conn.execute("SELECT received_at FROM deliveries").fetchone()
+    (schema,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'deliveries'").fetchone()
+    assert received_at is not None and before <= received_at <= after
+    assert "unixepoch" not in schema  # SQLite < 3.42 has no unixepoch('subsec'): the column stayed NULL
+
+
+def test_finding_10_a_burst_of_connections_is_not_refused(tmp_path):
+    import socket
+
+    from airflow_resumable.demo_receiver import serve
+
+    server = serve(0, tmp_path / "receiver.sqlite3")  # listening, not accepting yet: the backlog holds them
+    try:
+        port = server.server_address[1]
+        sockets = []
+        for _ in range(48):  # three times concurrency=16
+            sock = socket.create_connection(("127.0.0.1", port), timeout=2)
+            sockets.append(sock)
+        for sock in sockets:
+            sock.close()
+    finally:
+        server.server_close()
