@@ -17,6 +17,7 @@ from urllib.parse import quote
 
 DEFAULT_RELATIVE_PATH = Path("resumable") / "journal.sqlite3"
 SUMMARY_XCOM_KEY = "resumable_summary"
+RESOLVE_DAG_ID = "resolve_held_item"  # the shipped resolve DAG (dags/resolve_held_item.py)
 STATE_STORE_KEY = "resumable_journal"
 POSTGRES_CONN_TYPES = ("postgres", "postgresql")
 # libpq options an Airflow Postgres connection may carry in its extra (TLS, timeouts, routing).

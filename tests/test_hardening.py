@@ -241,6 +241,7 @@ LONG_JOB = "hardening_dag/send/" + "r" * 1500
 PLAIN_JOB = "hardening_dag/send/run-1"
 JSON_NAMED_JOB = PLAIN_JOB + ".json"
 LOGGED_JOB = "hardening_dag/send/run-with-a-receipt-log"
+HELD_JOB = "hardening_dag/send/run-with-held-items"
 
 
 @pytest.fixture(scope="module")
@@ -266,6 +267,8 @@ def ui_server(airflow_template, tmp_path_factory):
             run.mark_in_flight("in-flight", "notify", "d1")
             run.flush(durable=True)
         log = journal._receipt_log_path(LOGGED_JOB)
+    held_job(journal_path, HELD_JOB, "held-1")
+    held_job(journal_path, HELD_JOB, "held-2")
     log.write_bytes(log_line("in-flight", "d1", "rcpt-in-log").replace(b"receipts/job", LOGGED_JOB.encode()))
     port = airflow_server.free_port()
     env = airflow_server.server_env(base_env(home), home, port)
@@ -456,3 +459,76 @@ def test_finding_10_a_burst_of_connections_is_not_refused(tmp_path):
             sock.close()
     finally:
         server.server_close()
+
+
+# -- 2. settling a held item needs the right to act on the job's DAG ------------------------------------
+
+
+def _post(server, path: str, body, user: str | None = "admin", content_type: str = "application/json"):
+    import urllib.error
+    import urllib.request
+
+    from tests import airflow_server
+
+    headers = {"Content-Type": content_type, "Accept": "application/json"}
+    if user:
+        headers["Authorization"] = f"Bearer {airflow_server.token(server.url, user)}"
+    data = json.dumps(body).encode() if content_type == "application/json" else body.encode()
+    request = urllib.request.Request(server.url + "/resumable" + path, data=data, method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+@pytest.mark.airflow
+def test_finding_2_a_user_who_may_only_read_the_dag_cannot_settle_its_items(ui_server):
+    from urllib.parse import quote
+
+    from tests import airflow_server
+    from tests.backends import snapshot
+
+    decision = {"job_id": HELD_JOB, "item_id": "held-1", "step": "send", "decision": "delivered", "receipt": "r-1"}
+    before = snapshot(str(ui_server.journal))
+    viewer = airflow_server.token(ui_server.url, "viewer")
+    query = f"job_id={quote(HELD_JOB, safe='')}&item_id=held-1&step=send"
+    status, _, page = airflow_server.get(ui_server.url + "/resumable/resolve?" + query, bearer=viewer,
+                                         accept="text/html")
+    assert status == 200 and 'id="not-allowed"' in page and "resolve-form" not in page  # reads, cannot act
+    status, answer = _post(ui_server, "/api/resolve", decision, user="viewer")
+    assert status == 403 and "edit permission on the job's DAG" in answer["detail"], answer
+    assert _post(ui_server, "/api/resolve", decision, user=None)[0] in (401, 403)  # not signed in
+    # A cross-site form cannot post it: only JSON is taken.
+    form = "job_id=x&item_id=held-1&step=send&decision=not_delivered"
+    assert _post(ui_server, "/api/resolve", form, content_type="application/x-www-form-urlencoded")[0] in (415, 422)
+    assert snapshot(str(ui_server.journal)) == before
+
+
+@pytest.mark.airflow
+def test_finding_2_a_user_who_may_act_on_the_dag_settles_it_as_themself(ui_server):
+    bad = {"job_id": HELD_JOB, "item_id": "held-2", "step": "send", "decision": "delivered"}  # no receipt
+    status, answer = _post(ui_server, "/api/resolve", bad)
+    assert status == 422 and "receipt" in answer["detail"], answer
+    good = {**bad, "receipt": "rcpt-held-2", "note": "the receiver has it"}
+    status, answer = _post(ui_server, "/api/resolve", good)
+    assert status == 200 and (answer["decision"], answer["resolved_by"]) == ("delivered", "admin"), answer
+    with StepJournal(ui_server.journal) as journal:
+        (audit,) = [a for a in journal.resolutions(HELD_JOB) if a.item_id == "held-2"]
+        assert (audit.resolved_by, audit.receipt, audit.note) == ("admin", "rcpt-held-2", "the receiver has it")
+        assert [h.item_id for h in journal.held(HELD_JOB)] == ["held-1"]
+    assert _post(ui_server, "/api/resolve", good)[0] == 404  # settled already: nothing to do
+
+
+@pytest.mark.airflow
+def test_finding_2_the_resolve_dag_settles_only_the_dags_it_is_given(airflow):
+    """The worker-side path: a resolve DAG limited with job_dag_ids refuses other DAGs' jobs."""
+    from tests.test_airflow_layer import output
+
+    held_job(airflow.journal, "other_team_dag/send/run-1", "x")
+    conf = {"job_id": "other_team_dag/send/run-1", "item_id": "x", "step": "send", "decision": "not_delivered",
+            "resolved_by": "someone"}
+    assert airflow.dags_test("resolve_team_a", conf).returncode != 0
+    assert "which this resolve DAG may not settle" in output(airflow)
+    with StepJournal(airflow.journal) as journal:
+        assert [h.item_id for h in journal.held("other_team_dag/send/run-1")] == ["x"]

@@ -147,7 +147,7 @@ def test_resolve_form_is_prefilled_for_each_reason(server, admin):
     assert '<option value="delivered" selected>' in html and 'value="not_delivered"' in html
     assert "keep_previous_input" not in html.split("<select")[1].split("</select>")[0]
     assert idempotency_key(HELD_JOB, "item-041", "notify_external") in html
-    assert 'data-dag="resolve_held_item"' in html and "/api/v2" in html
+    assert 'data-endpoint="/resumable/api/resolve"' in html  # the API server checks the DAG permission
     url = server.url + "/resumable/resolve?" + f"job_id={quote(CHANGED_JOB, safe='')}&item_id=a&step=validate"
     status, _, html = airflow_server.get(url, bearer=admin, accept="text/html")
     assert status == 200 and '<option value="keep_previous_input" selected>' in html and "use_new_input" in html

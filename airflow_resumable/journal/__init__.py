@@ -21,6 +21,8 @@ from airflow_resumable.journal.errors import (
 )
 from airflow_resumable.journal.jobrun import JobRun
 from airflow_resumable.journal.records import (
+    DECISIONS,
+    DECISIONS_BY_REASON,
     HeldReason,
     HeldStep,
     JobSummary,
@@ -32,6 +34,8 @@ from airflow_resumable.journal.records import (
 from airflow_resumable.journal.schema import SCHEMA_VERSION
 
 __all__ = [
+    "DECISIONS",
+    "DECISIONS_BY_REASON",
     "SCHEMA_VERSION",
     "HeldReason",
     "HeldStep",

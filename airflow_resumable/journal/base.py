@@ -19,6 +19,7 @@ from airflow_resumable.journal.errors import (
     ResolutionError,
 )
 from airflow_resumable.journal.records import (
+    DECISIONS,
     HeldReason,
     HeldStep,
     JobSummary,
@@ -305,6 +306,23 @@ class StepJournal:
                 tx, job_id, item_id, step, "use_new_input" if use_new_input else "keep_previous_input",
                 None, note, resolved_by, now, status, HeldReason.INPUT_CHANGED.value,
             )
+
+    def apply_decision(
+        self, job_id: str, item_id: str, step: str | None, decision: str, *, resolved_by: str,
+        receipt: str | None = None, note: str = "",
+    ) -> Resolution:
+        """One of :data:`DECISIONS` by name, as the resolve DAG, the UI page and the CLI take it:
+        ``delivered`` (with ``receipt``) / ``not_delivered`` settle a send of unknown outcome (``step``
+        required); ``keep_previous_input`` / ``use_new_input`` settle an item whose input changed."""
+        if decision not in DECISIONS:
+            raise ResolutionError(f"unknown decision {decision!r}; use one of {', '.join(DECISIONS)}")
+        if decision in ("delivered", "not_delivered"):
+            if not step:
+                raise ResolutionError("step is required for delivered / not_delivered")
+            return self.resolve(job_id, item_id, step, delivered=decision == "delivered", receipt=receipt or None,
+                                resolved_by=resolved_by, note=note)
+        return self.resolve_input_change(job_id, item_id, use_new_input=decision == "use_new_input",
+                                         resolved_by=resolved_by, note=note)
 
     @contextlib.contextmanager
     def _quiet_job(self, job_id: str) -> Iterator[None]:

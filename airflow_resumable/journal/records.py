@@ -27,6 +27,16 @@ class HeldReason(str, enum.Enum):
         return self.value
 
 
+# A human's decisions about a held step (the resolve DAG, the UI page, the CLI), by kind of hold. The
+# first of each pair is the one that cannot cause a duplicate send (delivered needs the receiver's
+# receipt; keep_previous_input sends nothing).
+DECISIONS_BY_REASON = {
+    HeldReason.UNKNOWN_OUTCOME: ("delivered", "not_delivered"),
+    HeldReason.INPUT_CHANGED: ("keep_previous_input", "use_new_input"),
+}
+DECISIONS = tuple(d for pair in DECISIONS_BY_REASON.values() for d in pair)
+
+
 @dataclass(frozen=True)
 class StepRecord:
     job_id: str

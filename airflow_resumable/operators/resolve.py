@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
 from airflow_resumable._airflow import journal_target
-from airflow_resumable.journal import JournalError
+from airflow_resumable.journal import DECISIONS, JournalError
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-DECISIONS = ("delivered", "not_delivered", "keep_previous_input", "use_new_input")
+__all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator"]
 _STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "resolved_by")
 
 
@@ -33,13 +33,22 @@ class ResolveOperator(BaseOperator):
     :param journal_conn_id: an Airflow Postgres connection holding a shared journal; default
         ``[resumable] journal_conn_id``. Wins over ``journal_path``.
     :param journal_path: the journal file; default ``[resumable] journal_path``.
+    :param job_dag_ids: settle only jobs of these DAGs (a job id starts with its DAG id); others are
+        refused, the journal unchanged. A worker cannot ask Airflow whether the user who triggered
+        this run may act on the job's DAG, so a copy of the resolve DAG per team, each with its own
+        ``access_control`` and ``job_dag_ids``, is how to authorise per DAG on this path. Default: any
+        job (then restrict who may trigger the resolve DAG). The UI page's form checks the job's DAG
+        permission itself.
     """
 
     def __init__(
         self, *, journal_conn_id: str | None = None, journal_path: str | os.PathLike[str] | None = None,
-        **kwargs: Any,
+        job_dag_ids: Collection[str] | None = None, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if isinstance(job_dag_ids, str):
+            raise ValueError(f"{self.task_id}: job_dag_ids is a list of DAG ids, not one string")
+        self.job_dag_ids = None if job_dag_ids is None else frozenset(job_dag_ids)
         self.journal_conn_id = journal_conn_id
         self.journal_path = journal_path
 
@@ -48,24 +57,21 @@ class ResolveOperator(BaseOperator):
         resolved_by = _triggering_user(context) or conf.get("resolved_by")
         if not resolved_by:
             raise ResolutionRefused("resolved_by is required: Airflow does not know who triggered this run")
+        job_dag = conf["job_id"].split("/", 1)[0]
+        if self.job_dag_ids is not None and job_dag not in self.job_dag_ids:
+            raise ResolutionRefused(
+                f"job {conf['job_id']!r} belongs to DAG {job_dag!r}, which this resolve DAG may not settle "
+                f"(job_dag_ids: {', '.join(sorted(self.job_dag_ids)) or 'none'}); the journal is unchanged"
+            )
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         if not target.exists():
             raise ResolutionRefused(f"there is no journal at {target.display} on this worker; nothing to resolve")
         with target.open() as journal:
             try:
-                if conf["decision"] in ("delivered", "not_delivered"):
-                    if not conf.get("step"):
-                        raise ResolutionRefused("step is required for delivered / not_delivered")
-                    resolution = journal.resolve(
-                        conf["job_id"], conf["item_id"], conf["step"],
-                        delivered=conf["decision"] == "delivered", receipt=conf.get("receipt") or None,
-                        resolved_by=resolved_by, note=conf.get("note") or "",
-                    )
-                else:
-                    resolution = journal.resolve_input_change(
-                        conf["job_id"], conf["item_id"], use_new_input=conf["decision"] == "use_new_input",
-                        resolved_by=resolved_by, note=conf.get("note") or "",
-                    )
+                resolution = journal.apply_decision(
+                    conf["job_id"], conf["item_id"], conf.get("step"), conf["decision"], resolved_by=resolved_by,
+                    receipt=conf.get("receipt") or None, note=conf.get("note") or "",
+                )
             except (JournalError, ValueError) as exc:
                 raise ResolutionRefused(f"{exc} (the journal is unchanged)") from None
         self.log.info(

@@ -15,6 +15,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_resumable._airflow import (
+    RESOLVE_DAG_ID,
     STATE_STORE_KEY,
     SUMMARY_XCOM_KEY,
     JournalTarget,
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 # A 50,000-held-item batch must still produce a small XCom.
 HELD_IN_SUMMARY = 100
 HELD_IN_MESSAGE = 20
-RESOLVE_DAG_ID = "resolve_held_item"
 
 
 class WrongWorkerError(AirflowException):

@@ -25,25 +25,28 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.responses import HTMLResponse, JSONResponse
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_resumable._airflow import journal_display, journal_target
-from airflow_resumable.journal import HeldReason, JobSummary, JournalError, StepJournal, StepRecord
+from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_display, journal_target
+from airflow_resumable.journal import (
+    DECISIONS_BY_REASON,
+    JobBusyError,
+    JobSummary,
+    JournalError,
+    NotHeldError,
+    ResolutionError,
+    StepJournal,
+    StepRecord,
+)
 from airflow_resumable.runner import idempotency_key
 
 URL_PREFIX = "/resumable"
-RESOLVE_DAG_ID = "resolve_held_item"
 # The page stays small for a job with 50,000 held items; the JSON says how many were left out.
 MAX_OPEN_ROWS = 500
 MAX_RESOLUTIONS = 50
 MAX_ID_LENGTH = 1024
 MAX_JOB_ID_LENGTH = 64 * 1024
-# The two decisions that settle each kind of hold; the first is pre-selected because it is the one
-# that cannot cause a duplicate send (delivered needs the receiver's receipt; keep_previous sends nothing).
-DECISIONS = {
-    HeldReason.UNKNOWN_OUTCOME: ("delivered", "not_delivered"),
-    HeldReason.INPUT_CHANGED: ("keep_previous_input", "use_new_input"),
-}
 
 _templates = Environment(
     loader=PackageLoader("airflow_resumable.plugins", "templates"),
@@ -63,10 +66,16 @@ class Viewer:
     name: str
     all_dags: bool
     dag_ids: frozenset[str]
+    edit_all_dags: bool = False
+    edit_dag_ids: frozenset[str] = frozenset()
 
     def may_see(self, job_id: str) -> bool:
         # A default job_id starts with its DAG id; a custom one is shown to users who read all DAGs.
         return self.all_dags or job_id.split("/", 1)[0] in self.dag_ids
+
+    def may_settle(self, job_id: str) -> bool:
+        """Settling a held item is acting on the job's DAG: Airflow's edit permission on it (as Clear)."""
+        return self.edit_all_dags or job_id.split("/", 1)[0] in self.edit_dag_ids
 
 
 async def require_dag_read(request: Request) -> Viewer:
@@ -84,7 +93,9 @@ async def require_dag_read(request: Request) -> Viewer:
     dag_ids = frozenset() if all_dags else frozenset(auth_manager.get_authorized_dag_ids(user=user, method="GET"))
     if not all_dags and not dag_ids:
         raise HTTPException(status_code=403, detail="Forbidden: DAG read permission is required")
-    return Viewer(user.get_name(), all_dags, dag_ids)
+    edit_all = auth_manager.is_authorized_dag(method="PUT", user=user, details=DagDetails())
+    edit_ids = frozenset() if edit_all else frozenset(auth_manager.get_authorized_dag_ids(user=user, method="PUT"))
+    return Viewer(user.get_name(), all_dags, dag_ids, edit_all, edit_ids)
 
 
 ViewerDep = Annotated[Viewer, Depends(require_dag_read)]
@@ -114,13 +125,13 @@ async def _security_headers(request: Request, call_next: Any) -> Any:
 
 
 @contextmanager
-def _journal() -> Iterator[StepJournal | None]:
+def _journal(*, readonly: bool = True) -> Iterator[StepJournal | None]:
     try:
         target = journal_target()  # [resumable] journal_conn_id (a shared journal) or journal_path
         if not target.exists():  # nothing ran on this host yet: show an empty page, never create a file
             yield None
             return
-        journal = target.open(readonly=True)  # a page view writes nothing
+        journal = target.open(readonly=readonly)  # a page view writes nothing; only a resolution does
     except (JournalError, ValueError) as exc:
         # The type only: journal messages name paths and are meant for the worker's log.
         raise HTTPException(status_code=503, detail=f"the journal cannot be read ({type(exc).__name__})") from None
@@ -336,6 +347,50 @@ def job_page(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
     return _page(request, "job.html", **detail, max_rows=MAX_OPEN_ROWS, viewer=viewer)
 
 
+class _Decision(BaseModel):
+    job_id: str
+    item_id: str
+    step: str = ""
+    decision: str
+    receipt: str = ""
+    note: str = ""
+
+
+@app.post("/api/resolve")
+def resolve_json(request: Request, body: _Decision, viewer: ViewerDep) -> dict[str, Any]:
+    """Settle one held step as the signed-in user, after checking that they may act on the job's DAG.
+
+    The API server applies it through the journal API (one transaction and an audit row naming the
+    user). JSON only: a cross-site form cannot post it (the browser would need CORS to send JSON)."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(status_code=415, detail="send the decision as application/json")
+    for value, what in ((body.job_id, "job"), (body.item_id, "item")):
+        _check_id(value, what)
+    if not viewer.may_see(body.job_id):
+        raise HTTPException(status_code=404, detail="unknown job")
+    if not viewer.may_settle(body.job_id):
+        raise HTTPException(status_code=403, detail=(
+            f"you may read this job but not act on DAG {body.job_id.split('/', 1)[0]!r}: settling a held item "
+            "needs Airflow's edit permission on the job's DAG (as Clear does); nothing was changed"))
+    with _journal(readonly=False) as journal:
+        if journal is None:
+            raise HTTPException(status_code=404, detail="unknown job")
+        try:
+            resolution = journal.apply_decision(
+                body.job_id, body.item_id, body.step or None, body.decision, resolved_by=viewer.name,
+                receipt=body.receipt.strip() or None, note=body.note,
+            )
+        except NotHeldError as exc:
+            raise HTTPException(status_code=404, detail=f"{exc}; nothing was changed") from None
+        except JobBusyError as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from None
+        except ResolutionError as exc:
+            raise HTTPException(status_code=422, detail=f"{exc}; nothing was changed") from None
+    return {"job_id": resolution.job_id, "item_id": resolution.item_id, "step": resolution.step,
+            "decision": resolution.decision, "resolved_by": resolution.resolved_by,
+            "resolved_at": resolution.resolved_at.isoformat(), "audit_id": resolution.id}
+
+
 @app.get("/resolve", response_class=HTMLResponse)
 def resolve_page(
     request: Request, viewer: ViewerDep, job_id: str = "", item_id: str = "", step: str = "",
@@ -349,6 +404,7 @@ def resolve_page(
     if row is None or row.held_reason is None:
         raise HTTPException(status_code=404, detail="no such held step (it may be resolved already)")
     return _page(
-        request, "resolve.html", job_id=job_id, row=_row_dict(row), decisions=DECISIONS[row.held_reason],
+        request, "resolve.html", job_id=job_id, row=_row_dict(row), decisions=DECISIONS_BY_REASON[row.held_reason],
         idempotency_key=idempotency_key(job_id, item_id, step), resolve_dag_id=RESOLVE_DAG_ID, viewer=viewer,
+        may_settle=viewer.may_settle(job_id),
     )

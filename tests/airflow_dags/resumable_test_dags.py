@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 from _article import items, items_bad_once, notify, steps, transform, unblock_journal, validate, verify
 from airflow.sdk import DAG
 
+from airflow_resumable.operators.resolve import ResolveOperator
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
 from airflow_resumable.sensors.held_items import HeldItemSensor
 
@@ -76,3 +77,7 @@ with DAG("article_shared", schedule=None, start_date=start, default_args=default
 with DAG("article_shared_plain", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
                            journal_conn_id="resumable_journal")
+
+# Issue 12, finding 2: a team's own resolve DAG settles only its DAGs' jobs.
+with DAG("resolve_team_a", schedule=None, start_date=start, catchup=False):
+    ResolveOperator(task_id="resolve", job_dag_ids=["article_verify", "article_hold"])
