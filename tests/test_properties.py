@@ -345,22 +345,29 @@ def check_run(journal: StepJournal, world: World, model: Model, job_id: str, bat
     return expected
 
 
-def resolve_holds(journal: StepJournal, world: World, model: Model, job_id: str, data: st.DataObject | None,
-                  resets: dict[str, int]) -> None:
-    """A human works through the held steps: asks the receiver, or picks an input at random. With
-    ``data``, each one may also be left held ("cannot confirm")."""
+HUMAN_CHOICES = 8  # choices drawn per round, whatever the number of holds (see resolve_holds)
+
+
+def resolve_holds(journal: StepJournal, world: World, model: Model, job_id: str,
+                  choices: list[tuple[bool, bool]] | None, resets: dict[str, int]) -> None:
+    """A human works through the held steps: asks the receiver, or picks an input. With ``choices``
+    (resolve it?, use the new input?) each one may also be left held ("cannot confirm").
+
+    The choices are drawn before the run, a fixed number of them: which sends are held at
+    ``concurrency > 1`` depends on timing, and Hypothesis needs the same draws when it replays an
+    example on a machine under another load."""
     left_alone: set[tuple[str, str]] = set()
+    pending = iter(choices or ())
     while True:
         todo = [h for h in journal.held(job_id) if (h.item_id, h.step) not in left_alone]
         if not todo:
             return
         held = todo[0]
-        if data is not None and not data.draw(st.booleans(), label=f"resolve {held.item_id}/{held.step}"):
+        resolve, use_new = next(pending, (True, bool(len(held.item_id) % 2)))
+        if choices is not None and not resolve:
             left_alone.add((held.item_id, held.step))
             continue
         if held.reason == HeldReason.INPUT_CHANGED:
-            use_new = data.draw(st.booleans(), label="use_new_input") if data is not None else \
-                bool(len(held.item_id) % 2)
             journal.resolve_input_change(job_id, held.item_id, use_new_input=use_new, resolved_by="prop")
             event("resolved use_new_input" if use_new else "resolved keep_previous_input")
             model.resolve_input_change(held.item_id, use_new)
@@ -423,8 +430,10 @@ def test_runs_with_faults_edits_and_resolutions(fresh_journal, concurrency, raw_
                 )
                 # A local step just raises; a send fails before or after the receiver accepted it.
                 faults = {k: mode if SIDE_EFFECT[k[1]] else LOCAL_FAULT for k, mode in drawn.items()}
+                choices = data.draw(st.lists(st.tuples(st.booleans(), st.booleans()), min_size=HUMAN_CHOICES,
+                                             max_size=HUMAN_CHOICES), label="the human's choices")
                 check_run(journal, world, model, job_id, batch, faults, concurrency)
-                resolve_holds(journal, world, model, job_id, data, resets)
+                resolve_holds(journal, world, model, job_id, choices, resets)
                 # Few values per item, so an edit is often an edit back to what was journaled.
                 for item_id in data.draw(st.lists(st.sampled_from(sorted(values)), max_size=3), label="edits"):
                     values[item_id] = data.draw(VALUES, label=f"new value of {item_id}")
