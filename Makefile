@@ -17,7 +17,7 @@ test: $(VENV)/.installed  ## run the whole test suite
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable tests benchmarks dags
-	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner.py airflow_resumable/_fs.py
+	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner.py airflow_resumable/_fs.py airflow_resumable/errors.py
 
 demo: $(VENV)/.installed  ## the article's experiment end to end through real Airflow
 	$(PY) -m demo

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from airflow_resumable.errors import ResumableError
+
 DEFAULT_RELATIVE_PATH = Path("resumable") / "journal.sqlite3"
 SUMMARY_XCOM_KEY = "resumable_summary"
 RESOLVE_DAG_ID = "resolve_held_item"  # the shipped resolve DAG (dags/resolve_held_item.py)
@@ -56,7 +58,7 @@ def default_durability() -> str:
     return value
 
 
-class JournalConfigError(ValueError):
+class JournalConfigError(ResumableError, ValueError):
     """The configured journal connection cannot be used (unknown, not Postgres, malformed)."""
 
 

@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import HeldReason, HeldStep, JobRun, Status, StepJournal, StepState
 
 __all__ = [
@@ -41,7 +42,7 @@ MAX_ID_LENGTH = 1024
 CHUNK_SIZE = 500
 
 
-class InvalidItemError(ValueError):
+class InvalidItemError(ResumableError, ValueError):
     """An item (or a step's output for it) is not usable; the message names the item."""
 
 

@@ -532,3 +532,37 @@ def test_finding_2_the_resolve_dag_settles_only_the_dags_it_is_given(airflow):
     assert "which this resolve DAG may not settle" in output(airflow)
     with StepJournal(airflow.journal) as journal:
         assert [h.item_id for h in journal.held("other_team_dag/send/run-1")] == ["x"]
+
+
+# -- from the code review ------------------------------------------------------------------------------
+
+
+def test_one_error_root_catches_every_error_the_provider_raises():
+    import inspect
+
+    import airflow_resumable.journal.errors as journal_errors
+    from airflow_resumable import ResumableError
+    from airflow_resumable._airflow import JournalConfigError
+    from airflow_resumable.notifiers.http import ReceiverError
+    from airflow_resumable.operators.resolve import ResolutionRefused
+    from airflow_resumable.operators.resumable_batch import HeldItemsError, WrongWorkerError
+    from airflow_resumable.runner import InvalidItemError
+
+    journal = [c for _, c in inspect.getmembers(journal_errors, inspect.isclass) if issubclass(c, Exception)]
+    others = [JournalConfigError, ReceiverError, ResolutionRefused, HeldItemsError, WrongWorkerError, InvalidItemError]
+    assert len(journal) >= 10
+    for error in journal + others:
+        assert issubclass(error, ResumableError), error
+    with pytest.raises(ResumableError):  # e.g. a bad item, caught by the root
+        from airflow_resumable.runner import Step, run_batch
+
+        with StepJournal(Path(__import__("tempfile").mkdtemp()) / "j.sqlite3") as journal_:
+            run_batch(journal_, JOB, [{"id": None}], [Step("s", lambda item, ctx: 1)])
+
+
+def test_the_http_receiver_client_is_not_named_like_airflows_callback_notifier():
+    from airflow_resumable.notifiers import http
+
+    with pytest.warns(DeprecationWarning, match="now HttpReceiver"):
+        old = http.HttpNotifier("receiver")
+    assert isinstance(old, http.HttpReceiver) and old.http_conn_id == "receiver"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from airflow_resumable.errors import ResumableError
 
-class JournalError(Exception):
+
+class JournalError(ResumableError):
     """Base class of every error the journal raises."""
 
 

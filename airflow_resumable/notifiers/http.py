@@ -1,9 +1,9 @@
-"""An HTTP notifier built on Airflow's HttpHook: ``notify`` POSTs with an ``Idempotency-Key``
+"""An HTTP receiver's client built on Airflow's HttpHook: ``notify`` POSTs with an ``Idempotency-Key``
 header, ``verify`` looks the key up on the receiver.
 
 Needs the ``http`` extra (``apache-airflow-providers-http``). Use it as a pair::
 
-    receiver = HttpNotifier(http_conn_id="receiver")
+    receiver = HttpReceiver(http_conn_id="receiver")
     ResumableBatchOperator(task_id="send", items=..., notify=receiver.notify, verify=receiver.verify)
 
 Errors map to the runner's rules: a timeout, a dropped connection or a 5xx reply raise, so the step
@@ -18,10 +18,11 @@ from typing import Any
 
 from airflow.providers.http.hooks.http import HttpHook
 
+from airflow_resumable.errors import ResumableError
 from airflow_resumable.runner import StepContext
 
 
-class ReceiverError(Exception):
+class ReceiverError(ResumableError):
     """The receiver answered with an error status (the exception names only the status code)."""
 
     def __init__(self, status: int) -> None:
@@ -29,8 +30,13 @@ class ReceiverError(Exception):
         self.status = status
 
 
-class HttpNotifier:
-    """:param http_conn_id: Airflow HTTP connection of the receiver.
+class HttpReceiver:
+    """The steps that send to, and look up on, an HTTP receiver.
+
+    (Named ``HttpNotifier`` before 0.2; that name is kept as a deprecated alias. It was easily mixed
+    up with ``airflow.providers.http.notifications.HttpNotifier``, a callback notifier.)
+
+    :param http_conn_id: Airflow HTTP connection of the receiver.
     :param endpoint: path the notification is POSTed to.
     :param lookup_endpoint: path of the look-up by key; ``{key}`` is replaced by the idempotency key.
     :param payload: ``payload(item, ctx)`` -> JSON body; default: the item plus its id and step.
@@ -86,3 +92,17 @@ class HttpNotifier:
             raise ReceiverError(response.status_code)  # the runner holds the step: unknown outcome
         receipt = response.json().get(self.receipt_field)
         return str(receipt) if receipt else None
+
+
+class HttpNotifier(HttpReceiver):
+    """Deprecated name of :class:`HttpReceiver` (not Airflow's callback ``HttpNotifier``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        import warnings
+
+        warnings.warn(
+            "airflow_resumable.notifiers.http.HttpNotifier is now HttpReceiver (Airflow's http provider has a "
+            "different HttpNotifier); the old name will go away",
+            DeprecationWarning, stacklevel=2,
+        )
+        super().__init__(*args, **kwargs)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 
 from airflow_resumable._airflow import journal_target
+from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import DECISIONS, JournalError
 
 if TYPE_CHECKING:
@@ -18,7 +19,7 @@ __all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator"]
 _STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "resolved_by")
 
 
-class ResolutionRefused(ValueError):
+class ResolutionRefused(ResumableError, ValueError):
     """The conf asked for something the journal refuses; the journal is unchanged."""
 
 

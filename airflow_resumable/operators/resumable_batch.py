@@ -24,6 +24,7 @@ from airflow_resumable._airflow import (
     journal_target,
 )
 from airflow_resumable._metrics import emit_batch_metrics
+from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.links import ResumableJobLink
 from airflow_resumable.runner import BatchProgress, BatchResult, Step, check_concurrency, run_batch
@@ -36,11 +37,11 @@ HELD_IN_SUMMARY = 100
 HELD_IN_MESSAGE = 20
 
 
-class WrongWorkerError(AirflowException):
+class WrongWorkerError(ResumableError, AirflowException):
     """This try runs on a worker whose journal does not hold the job: sending now would re-send."""
 
 
-class HeldItemsError(AirflowException):
+class HeldItemsError(ResumableError, AirflowException):
     """Items were held for a human; everything else was processed."""
 
 

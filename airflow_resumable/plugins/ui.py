@@ -39,13 +39,12 @@ from airflow_resumable.journal import (
     StepJournal,
     StepRecord,
 )
-from airflow_resumable.runner import idempotency_key
+from airflow_resumable.runner import MAX_ID_LENGTH, idempotency_key
 
 URL_PREFIX = "/resumable"
 # The page stays small for a job with 50,000 held items; the JSON says how many were left out.
 MAX_OPEN_ROWS = 500
 MAX_RESOLUTIONS = 50
-MAX_ID_LENGTH = 1024
 MAX_JOB_ID_LENGTH = 64 * 1024
 
 _templates = Environment(
