@@ -16,12 +16,12 @@ from datetime import datetime, timedelta
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
-from airflow_resumable.notifiers.http import HttpNotifier
+from airflow_resumable.notifiers.http import HttpReceiver
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
 from airflow_resumable.runner import Step, StepContext, idempotency_key
 
 ITEMS = [{"id": f"item-{i:03d}", "amount": i * 100, "to": f"user{i}@example.test"} for i in range(1, 51)]
-receiver = HttpNotifier("demo_receiver", timeout=5)
+receiver = HttpReceiver("demo_receiver", timeout=5)
 retry_once = {"retries": 1, "retry_delay": timedelta(seconds=0)}
 
 

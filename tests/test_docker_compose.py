@@ -129,7 +129,7 @@ def test_receiver_service_and_connection_agree():
             conn = json.loads(compose["services"][name]["environment"]["AIRFLOW_CONN_DEMO_RECEIVER"])
             assert conn["conn_type"] == "http" and conn["host"] == f"http://demo-receiver:{port}"
     # The DAGs use the same connection id.
-    assert 'HttpNotifier("demo_receiver"' in (REPO / "dags" / "article_scenario.py").read_text()
+    assert 'HttpReceiver("demo_receiver"' in (REPO / "dags" / "article_scenario.py").read_text()
 
 
 def test_single_host_override_keeps_the_local_sqlite_layout():

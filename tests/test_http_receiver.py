@@ -79,11 +79,11 @@ def test_fault_after_accept_stores_it_and_loses_the_reply(receiver_factory):
 
 @pytest.mark.parametrize("dedupe", [True, False])
 def test_http_notifier_verifies_a_lost_reply_by_key_and_never_resends(receiver_factory, monkeypatch, tmp_path, dedupe):
-    from airflow_resumable.notifiers.http import HttpNotifier
+    from airflow_resumable.notifiers.http import HttpReceiver
 
     server, url = receiver_factory(dedupe=dedupe)
     monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url}))
-    http = HttpNotifier("receiver", timeout=5)
+    http = HttpReceiver("receiver", timeout=5)
     items = [{"id": f"item-{i:03d}", "text": "{{ name }}"} for i in range(1, 51)]
     steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
     server.store.arm("item-041", "after_accept")

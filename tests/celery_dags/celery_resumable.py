@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_resumable.notifiers.http import HttpNotifier
+from airflow_resumable.notifiers.http import HttpReceiver
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
 from airflow_resumable.runner import Step
 from airflow_resumable.sensors.held_items import HeldItemSensor
@@ -25,7 +25,7 @@ def items(prefix: str, n: int = 300) -> list[dict]:
     return [{"id": f"{prefix}-{i:03d}", "amount": i} for i in range(1, n + 1)]
 
 
-receiver = HttpNotifier("celery_receiver", timeout=10)
+receiver = HttpReceiver("celery_receiver", timeout=10)
 retry_once = {"retries": 1, "retry_delay": timedelta(seconds=1)}
 
 
