@@ -78,7 +78,7 @@ def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, postgr
                                       env, f"http://127.0.0.1:{port}", tmp_path / "api-server.log")
         try:
             token = airflow_server.token(server.url)
-            request = urllib.request.Request(f"{server.url}/resumable/jobs/{quote(job_id, safe='')}.json",
+            request = urllib.request.Request(f"{server.url}/resumable/api/jobs/{quote(job_id, safe='')}",
                                              headers={"Authorization": f"Bearer {token}"})
             with urllib.request.urlopen(request, timeout=60) as response:
                 page = json.loads(response.read())

@@ -566,3 +566,49 @@ def test_the_http_receiver_client_is_not_named_like_airflows_callback_notifier()
     with pytest.warns(DeprecationWarning, match="now HttpReceiver"):
         old = http.HttpNotifier("receiver")
     assert isinstance(old, http.HttpReceiver) and old.http_conn_id == "receiver"
+
+
+# -- found under load (issue 12, item 11): processes creating one journal at the same moment -------------
+
+
+def test_a_journal_created_by_another_process_between_two_reads_is_not_foreign(tmp_path):
+    """The suite under load caught it: a process read "schema version 0" just before another process
+    committed the new journal's tables, then saw the tables, and took the new journal for a foreign
+    database. Here the other process (a real one) creates the journal right after the first statement
+    our open runs: the check must read version and tables in one snapshot."""
+    import subprocess
+    import sys
+
+    from airflow_resumable.journal.sqlite import SqliteJournal
+
+    path = tmp_path / "journal.sqlite3"
+    create = [sys.executable, "-c", "import sys; from airflow_resumable.journal import StepJournal; "
+              "StepJournal(sys.argv[1]).close()", str(path)]
+
+    class OtherProcessCreatesItMeanwhile:
+        def __init__(self, conn):
+            self.conn, self.statements, self.last = conn, 0, None
+
+        def execute(self, *args):
+            self.statements += 1
+            if self.statements == 2:  # between the open's first read of the file and its second
+                self.last.close()  # (our read is over: no lock held while the other process writes)
+                subprocess.run(create, check=True, timeout=120)
+            self.last = self.conn.execute(*args)
+            return self.last
+
+        def __getattr__(self, name):
+            return getattr(self.conn, name)
+
+    class RacyJournal(SqliteJournal):
+        @property
+        def _connection(self):
+            if not hasattr(self, "_racy"):
+                self._racy = OtherProcessCreatesItMeanwhile(super()._connection)
+            return self._racy
+
+    journal = RacyJournal(path)
+    try:
+        assert journal.journal_id and journal.jobs() == []
+    finally:
+        journal.close()

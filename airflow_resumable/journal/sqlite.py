@@ -241,9 +241,13 @@ class SqliteJournal(StepJournal):
     def _refuse_foreign_database(self) -> None:
         # Read-only questions first: a file that is not a journal must not be switched to WAL.
         conn = self._connection
-        if conn.execute("PRAGMA user_version").fetchone()[0] == 0 and conn.execute(
-            "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-        ).fetchone()[0]:
+        # One statement, so one snapshot: another process may be creating the journal right now, and
+        # "version 0" from before its commit with "has tables" from after it is no foreign database.
+        version, tables = conn.execute(
+            "SELECT (SELECT user_version FROM pragma_user_version), "
+            "(SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%')"
+        ).fetchone()
+        if version == 0 and tables:
             raise JournalCorruptError(
                 f"{self.path} is a SQLite database but not a step journal (it has tables and no "
                 "journal schema version). Point [resumable] journal_path at a file of its own."

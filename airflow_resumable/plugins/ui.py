@@ -275,7 +275,8 @@ def _page(request: Request, template: str, status_code: int = 200, **values: Any
 async def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
     # Short, fixed messages only; JSON for the JSON endpoints and API clients, a page for browsers.
     headers = getattr(exc, "headers", None)
-    if request.url.path.endswith(".json") or "text/html" not in request.headers.get("accept", ""):
+    json_endpoint = request.url.path.endswith("/jobs.json") or f"{URL_PREFIX}/api/" in request.url.path
+    if json_endpoint or "text/html" not in request.headers.get("accept", ""):
         return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
     if not hasattr(request.state, "csp_nonce"):
         request.state.csp_nonce = ""
