@@ -23,7 +23,9 @@ def base_env(home: Path) -> dict[str, str]:
         AIRFLOW__CORE__LOAD_EXAMPLES="False",
         AIRFLOW__CORE__DAGS_FOLDER=str(home / "dags"),
         # airflow.cfg holds absolute paths: a copied home must point at its own metadata DB and logs.
-        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
+        # Two `airflow dags test` processes share this metadata DB in some tests (a batch whose sensor
+        # waits, and the resolve DAG): wait up to 60 s for the other's write, not sqlite3's default 5 s.
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}?timeout=60",
         AIRFLOW__LOGGING__BASE_LOG_FOLDER=str(home / "logs"),
         AIRFLOW__CORE__UNIT_TEST_MODE="False",
         AIRFLOW__LOGGING__LOGGING_LEVEL="INFO",
@@ -43,6 +45,30 @@ def migrated_template(root: Path, dag_files: list[Path] | None = None) -> Path:
         shutil.copy(source, dags / source.name)
     subprocess.run([AIRFLOW, "db", "migrate"], env=base_env(home), check=True, capture_output=True)
     return home
+
+
+@dataclass
+class Background:
+    """A background `airflow` process whose output goes to a file (see :meth:`Airflow.popen`)."""
+
+    proc: subprocess.Popen[bytes]
+    output: Path
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=60)
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+        """Wait for the process to end; its whole output."""
+        self.proc.wait(timeout=timeout)
+        return self.output.read_text(errors="replace"), None
 
 
 @dataclass
@@ -76,9 +102,17 @@ class Airflow:
         (self.home / "last-output.txt").write_text(proc.stdout + proc.stderr)
         return proc
 
-    def popen(self, *args: str) -> subprocess.Popen[str]:
-        return subprocess.Popen([AIRFLOW, *args], env=self.env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+    def popen(self, *args: str) -> Background:
+        """`airflow <args>` in the background, its output going to a file: a pipe nobody reads while
+        the test does other things fills up, and Airflow then blocks writing a log line - in
+        `dags test`, with a write transaction of the SQLite metadata DB open, locking everyone out."""
+        output = self.home / f"background-{len(list(self.home.glob('background-*')))}.txt"
+        handle = output.open("w")
+        try:
+            proc = subprocess.Popen([AIRFLOW, *args], env=self.env, stdout=handle, stderr=subprocess.STDOUT)
+        finally:
+            handle.close()
+        return Background(proc, output)
 
     def dags_test(self, dag_id: str, conf: dict | None = None, *extra: str) -> subprocess.CompletedProcess[str]:
         args = ["dags", "test", dag_id, *extra]

@@ -138,7 +138,7 @@ def wait_for_held(location, proc, timeout=120) -> str:
     (not opened before it exists: opening would create it) or a PostgreSQL URL."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        assert proc.poll() is None, proc.stdout.read()
+        assert proc.poll() is None, proc.communicate()[0][-5000:]
         if not isinstance(location, Path) or location.exists():
             with StepJournal(location) as journal:
                 held = journal.held()

@@ -11,6 +11,7 @@ DAG settles it; the sensor sees the job settled; the second pass sends item 41 o
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from tests import airflow_server
-from tests.airflow_harness import Airflow
+from tests.airflow_harness import Airflow, base_env
 from tests.receivers import DurableReceiver
 from tests.test_airflow_layer import ALL_ITEMS, arm, output, resolve, wait_for_held
 
@@ -53,7 +54,7 @@ def cli(airflow: Airflow, *args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=120)
 
 
-def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, postgres_url, tmp_path):
+def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, airflow_template, postgres_url, tmp_path):
     use_shared_journal(airflow, postgres_url)
     arm(airflow, "item-041", "before_accept")
     proc = airflow.popen("dags", "test", "article_shared")
@@ -71,9 +72,14 @@ def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, postgr
         assert by_url.returncode == 0 and json.loads(by_url.stdout)[0]["job_id"] == job_id, by_url.stderr
 
         # The Resumable jobs page on an API server of its own (no journal file on its host either).
-        home = airflow.home
+        # Another host: its own AIRFLOW_HOME (a SQLite metadata DB shared with the running `dags test`
+        # would lock it out: real deployments share a PostgreSQL metadata DB instead), the same
+        # [resumable] config and Airflow connection, and no journal file.
+        home = tmp_path / "api-host"
+        shutil.copytree(airflow_template, home)
+        shared = {k: v for k, v in airflow.env.items() if k.startswith(("AIRFLOW__RESUMABLE__", "AIRFLOW_CONN_"))}
         port = airflow_server.free_port()
-        env = airflow_server.server_env(airflow.env, home, port)
+        env = airflow_server.server_env({**base_env(home), **shared}, home, port)
         server = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
                                       env, f"http://127.0.0.1:{port}", tmp_path / "api-server.log")
         try:
