@@ -35,10 +35,11 @@ def _conf_get(option: str) -> str | None:
     if from_env:
         return from_env
     try:
-        from airflow.sdk import conf
-    except ImportError:  # Airflow < 3.1 or no SDK: fall back to the environment only
-        return os.environ.get(f"AIRFLOW__RESUMABLE__{option.upper()}") or None
-    value = conf.get("resumable", option, fallback=None)
+        from airflow_resumable._compat import conf
+
+        value = conf().get("resumable", option, fallback=None)
+    except ImportError:  # no Airflow (the core used on its own): the environment only
+        return None
     return value or None
 
 

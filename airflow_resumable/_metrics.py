@@ -5,19 +5,10 @@ Only the operator calls this: the journal and the runner import nothing from Air
 
 from __future__ import annotations
 
-from typing import Any
-
+from airflow_resumable._compat import stats_incr
 from airflow_resumable.runner import BatchProgress, BatchResult
 
 METRIC_PREFIX = "resumable.steps"
-
-
-def _stats() -> Any:
-    # The SDK's Stats client, set up from [metrics] by Airflow (StatsD needs the `statsd` package,
-    # i.e. apache-airflow[statsd]; without a backend the counters go nowhere and cost nothing).
-    from airflow.sdk.observability import stats
-
-    return stats
 
 
 def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task_id: str) -> None:
@@ -28,7 +19,6 @@ def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task
     ``skipped`` includes ``verified`` (a send confirmed by the receiver is skipped, not re-sent).
     Tags (dag_id, task_id) reach backends that support them; plain StatsD gets the names only.
     """
-    stats = _stats()
     tags = {"dag_id": dag_id, "task_id": task_id}
     counts = {
         "executed": result.executed_steps,
@@ -37,4 +27,4 @@ def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task
         "held": result.held if isinstance(result, BatchProgress) else len(result.held),
     }
     for name, count in counts.items():
-        stats.incr(f"{METRIC_PREFIX}.{name}", count=count, tags=tags)
+        stats_incr(f"{METRIC_PREFIX}.{name}", count, tags)

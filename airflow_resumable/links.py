@@ -18,9 +18,9 @@ URL_PREFIX = "/resumable"
 
 def job_url(job_id: str | None) -> str:
     """The job's page (or the jobs list) under ``[api] base_url``; every character of the id escaped."""
-    from airflow.sdk.configuration import conf
+    from airflow_resumable._compat import conf
 
-    base = (conf.get("api", "base_url", fallback="") or "").rstrip("/")
+    base = (conf().get("api", "base_url", fallback="") or "").rstrip("/")
     path = f"{URL_PREFIX}/jobs/{quote(job_id, safe='')}" if job_id else f"{URL_PREFIX}/"
     return base + path
 

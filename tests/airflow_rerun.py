@@ -5,7 +5,8 @@ Usage: python -m tests.airflow_rerun DAG_ID RUN_ID (after `airflow tasks clear`)
 `dag.test()` cannot do this: it deletes a run with the same logical date and makes a new one. This
 mirrors the loop inside `DAG.test()` (Airflow 3.3) on the existing run instead, so try_number goes
 up and the task state store is kept, as with a real Clear. It uses `_run_task`, the private helper
-`dag.test()` itself calls.
+`dag.test()` itself calls. This is the one place the tests use Airflow's private APIs; the imports
+that moved between 3.1 and 3.2 are tried in order.
 """
 
 from __future__ import annotations
@@ -17,10 +18,17 @@ import time
 def main(dag_id: str, run_id: str) -> int:
     from airflow import settings
     from airflow._shared.timezones import timezone
-    from airflow.dag_processing.dagbag import DagBag
     from airflow.models.dagrun import DagRun
     from airflow.sdk.definitions.dag import _run_task
-    from airflow.serialization.serialized_objects import DagSerialization
+
+    try:  # Airflow 3.2+
+        from airflow.dag_processing.dagbag import DagBag
+    except ImportError:  # 3.1
+        from airflow.models.dagbag import DagBag
+    try:  # Airflow 3.2+
+        from airflow.serialization.serialized_objects import DagSerialization
+    except ImportError:  # 3.1
+        from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
     from airflow.utils.state import DagRunState, TaskInstanceState
     from sqlalchemy import select
 

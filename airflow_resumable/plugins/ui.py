@@ -82,11 +82,12 @@ async def require_dag_read(request: Request) -> Viewer:
     # Imported here: workers import this module when they load plugins and need none of it.
     from airflow.api_fastapi.app import get_auth_manager
     from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
-    from airflow.api_fastapi.core_api.security import get_user
     from fastapi.security import HTTPBearer
 
+    from airflow_resumable._compat import get_user
+
     credentials = await HTTPBearer(auto_error=False)(request)
-    user = await get_user(request, _oauth_token=None, bearer_credentials=credentials)  # 401/403 itself
+    user = await get_user(request, credentials)  # Airflow answers 401/403 itself
     auth_manager = get_auth_manager()
     all_dags = auth_manager.is_authorized_dag(method="GET", user=user, details=DagDetails())
     dag_ids = frozenset() if all_dags else frozenset(auth_manager.get_authorized_dag_ids(user=user, method="GET"))

@@ -106,9 +106,9 @@ class HeldItemSensor(BaseSensorOperator):
         if target.shared:
             if self.deferrable is not None:
                 return bool(self.deferrable)
-            from airflow.sdk import conf
+            from airflow_resumable._compat import conf
 
-            return self.verify is None and conf.getboolean("operators", "default_deferrable", fallback=False)
+            return self.verify is None and conf().getboolean("operators", "default_deferrable", fallback=False)
         if self.deferrable:
             raise ValueError(
                 f"{self.task_id}: deferrable=True needs a shared journal (journal_conn_id): the triggerer cannot read "
