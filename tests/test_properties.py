@@ -22,6 +22,7 @@ that does not raise must match the model exactly, as with concurrency 1.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -394,7 +395,8 @@ def fresh_journal(request):
 
 
 @pytest.mark.parametrize("concurrency", [1, 2, 16])  # 2: sends in flight while small batches go on
-@settings(max_examples=300, deadline=None,
+# 300 examples in the main suite; the compatibility matrix's Python cells run fewer (make test-matrix).
+@settings(max_examples=int(os.environ.get("RESUMABLE_PROPERTY_EXAMPLES", "300")), deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(
     raw_ids=ids_strategy,
