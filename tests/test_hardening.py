@@ -612,3 +612,22 @@ def test_a_journal_created_by_another_process_between_two_reads_is_not_foreign(t
         assert journal.journal_id and journal.jobs() == []
     finally:
         journal.close()
+
+
+def test_a_journal_folder_made_by_another_process_meanwhile_is_fine(tmp_path, monkeypatch):
+    """Found under load: eight processes opening one new journal; one made the folder between another's
+    "does it exist?" and its mkdir, which then failed with FileExistsError."""
+    folder = tmp_path / "journal"
+    real_exists = Path.exists
+
+    def made_meanwhile(self, *args, **kwargs):
+        import sys
+
+        if self == folder and sys._getframe(1).f_code.co_name == "_create_file" and not real_exists(self):
+            folder.mkdir()  # the other process, right after our check
+            return False
+        return real_exists(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "exists", made_meanwhile)
+    with StepJournal(folder / "journal.sqlite3") as journal:
+        assert journal.jobs() == []

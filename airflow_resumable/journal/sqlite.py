@@ -203,6 +203,8 @@ class SqliteJournal(StepJournal):
             try:
                 directory.mkdir(mode=0o700, parents=True)
                 directory.chmod(0o700)  # mkdir's mode is filtered by the umask
+            except FileExistsError:
+                pass  # another process made it meanwhile (or a file is in the way: the open below says so)
             except OSError as exc:
                 if _is_disk_full(exc):
                     raise self._disk_full("ENOSPC") from None
