@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.airflow_harness import AIRFLOW
+from tests.airflow_harness import AIRFLOW, base_env
 
 USERS = {"admin": "admin-password", "viewer": "viewer-password"}
 
@@ -95,6 +96,17 @@ def start(args: list[str], env: dict[str, str], url: str, log: Path, timeout: fl
         time.sleep(1)
     server.stop()
     raise AssertionError(f"airflow {' '.join(args)} did not answer within {timeout:.0f} s:\n{server.tail()}")
+
+
+def api_server(template: Path, folder: Path, config: dict[str, str]) -> Server:
+    """`airflow api-server` on 127.0.0.1 as a host of its own: an AIRFLOW_HOME copied from ``template``
+    into ``folder``, with ``config`` added to its environment (where the journal is, connections)."""
+    home = folder / "airflow"
+    shutil.copytree(template, home)
+    port = free_port()
+    env = server_env({**base_env(home), **config}, home, port)
+    return start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"], env,
+                 f"http://127.0.0.1:{port}", folder / "api-server.log")
 
 
 def token(url: str, username: str = "admin") -> str:

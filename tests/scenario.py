@@ -5,7 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_resumable.runner import Step, StepContext
+import pytest
+
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.runner import Step, StepContext, run_batch
 from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 
 STEP_NAMES = ("validate", "transform", "notify_external")
@@ -82,3 +85,17 @@ def rerun_everything(receiver: DurableReceiver, job_id: str, items: list[dict[st
     executed = 0
     one_pass()
     return executed
+
+
+def held_job(location: Any, job_id: str, item_id: str = "a") -> str:
+    """A job at ``location`` (a file or a PostgreSQL URL) with one send held: its reply was lost (an
+    unknown outcome), then the next run held it. Returns the journal's id."""
+    def lost(item: Mapping[str, Any], ctx: StepContext) -> str:
+        raise ConnectionError("reply lost")
+
+    steps = [Step("send", lost, side_effect=True)]
+    with StepJournal(location) as journal:
+        with pytest.raises(ConnectionError):
+            run_batch(journal, job_id, [{"id": item_id}], steps)
+        assert [h.item_id for h in run_batch(journal, job_id, [{"id": item_id}], steps).held] == [item_id]
+        return journal.journal_id

@@ -11,7 +11,6 @@ DAG settles it; the sensor sees the job settled; the second pass sends item 41 o
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +21,7 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from tests import airflow_server
-from tests.airflow_harness import Airflow, base_env
+from tests.airflow_harness import Airflow
 from tests.receivers import DurableReceiver
 from tests.test_airflow_layer import ALL_ITEMS, arm, output, resolve, wait_for_held
 
@@ -75,13 +74,8 @@ def test_retry_resumes_from_postgres_and_every_tool_sees_the_job(airflow, airflo
         # Another host: its own AIRFLOW_HOME (a SQLite metadata DB shared with the running `dags test`
         # would lock it out: real deployments share a PostgreSQL metadata DB instead), the same
         # [resumable] config and Airflow connection, and no journal file.
-        home = tmp_path / "api-host"
-        shutil.copytree(airflow_template, home)
         shared = {k: v for k, v in airflow.env.items() if k.startswith(("AIRFLOW__RESUMABLE__", "AIRFLOW_CONN_"))}
-        port = airflow_server.free_port()
-        env = airflow_server.server_env({**base_env(home), **shared}, home, port)
-        server = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
-                                      env, f"http://127.0.0.1:{port}", tmp_path / "api-server.log")
+        server = airflow_server.api_server(airflow_template, tmp_path / "api-host", shared)
         try:
             token = airflow_server.token(server.url)
             request = urllib.request.Request(f"{server.url}/resumable/api/jobs/{quote(job_id, safe='')}",

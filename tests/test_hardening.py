@@ -12,6 +12,8 @@ import pytest
 from airflow_resumable.journal import JournalLocationError, StepJournal
 from tests.crash_child import EXIT_BUSY, ChildRun
 from tests.receivers import DurableReceiver
+from tests.scenario import held_job
+from tests.test_cli import cli
 
 JOB = "hardening/job-1"
 
@@ -64,31 +66,13 @@ def test_finding_1_a_hard_linked_journal_is_refused(tmp_path):
     assert not Path(str(real) + ".locks").exists() or not any(Path(str(real) + ".locks").iterdir())
 
 
-def held_job(location: str | Path, job: str = JOB, item: str = "a") -> None:
-    """A job with one send held: its reply was lost (unknown outcome), then the next run held it."""
-    from airflow_resumable.runner import Step, run_batch
-
-    def lost(item, ctx):
-        raise ConnectionError("reply lost")
-
-    with StepJournal(location) as journal:
-        with pytest.raises(ConnectionError):
-            run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)])
-        second = run_batch(journal, job, [{"id": item}], [Step("send", lost, side_effect=True)])
-        assert [h.item_id for h in second.held] == [item]
-
-
 def test_finding_1_cli_resolve_through_a_symlink_commits_and_says_so(tmp_path):
-    import subprocess
-    import sys
 
     real = tmp_path / "journal.sqlite3"
-    held_job(real)
+    held_job(real, JOB)
     alias = tmp_path / "alias.sqlite3"
     alias.symlink_to(real)
-    done = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(alias), "resolve", JOB,
-                           "a", "send", "--not-delivered", "--resolved-by", "me"], capture_output=True, text=True,
-                          timeout=60)
+    done = cli(alias, "resolve", JOB, "a", "send", "--not-delivered", "--resolved-by", "me")
     assert done.returncode == 0, done.stderr
     with StepJournal(real) as journal:
         assert journal.held(JOB) == [] and [r.decision for r in journal.resolutions(JOB)] == ["not_delivered"]
@@ -165,14 +149,6 @@ def test_finding_5_a_try_that_could_not_open_the_journal_does_not_block_the_retr
 # -- 7. the CLI: no terminal escapes, no spreadsheet formulas, no journal out of a typo, bugs are bugs ---
 
 
-def cli(*args: str):
-    import subprocess
-    import sys
-
-    return subprocess.run([sys.executable, "-m", "airflow_resumable.cli", *args], capture_output=True, text=True,
-                          timeout=60)
-
-
 def journal_with_ids(path: Path, ids: list[str]) -> None:
     from airflow_resumable.runner import Step, run_batch
 
@@ -185,14 +161,14 @@ def test_finding_7_show_never_prints_raw_escape_sequences(tmp_path):
     hostile = ["\x1b]0;pwned\x07\x1b[2J", "bidi-\u202eexe.txt", "line\nbreak", "zero\u200bwidth", "bell\x07"]
     journal_with_ids(path, hostile)
     for command in (["show", JOB], ["held", JOB], ["audit", JOB], ["jobs"]):
-        out = cli("--journal", str(path), *command)
+        out = cli(path, *command)
         assert out.returncode == 0, out.stderr
         assert not any(ch in out.stdout for ch in "\x1b\x07\u202e\u200b"), (command, out.stdout)
-    shown = cli("--journal", str(path), "show", JOB).stdout
+    shown = cli(path, "show", JOB).stdout
     assert "\\x1b]0;pwned\\x07\\x1b[2J" in shown and "bidi-\\u202eexe.txt" in shown and "line\\x0abreak" in shown
     assert len(shown.strip().splitlines()) == 1 + len(hostile)  # one line per row
     # --json stays exact (and escaped by JSON itself)
-    rows = json.loads(cli("--journal", str(path), "--json", "show", JOB).stdout)
+    rows = json.loads(cli(path, "--json", "show", JOB).stdout)
     assert sorted(r["item_id"] for r in rows) == sorted(hostile)
 
 
@@ -203,7 +179,7 @@ def test_finding_7_export_csv_quotes_cells_a_spreadsheet_would_run(tmp_path):
     path = tmp_path / "journal.sqlite3"
     formulas = ["=HYPERLINK(\"http://x\")", "+1+1", "-2+3", "@SUM(A1)", "\tTAB", "plain"]
     journal_with_ids(path, formulas)
-    out = cli("--journal", str(path), "export", JOB, "--format", "csv")
+    out = cli(path, "export", JOB, "--format", "csv")
     assert out.returncode == 0, out.stderr
     cells = {row["item_id"]: row for row in csv.DictReader(io.StringIO(out.stdout))}
     assert set(cells) == {"'" + f for f in formulas[:-1]} | {"plain"}
@@ -215,7 +191,7 @@ def test_finding_7_export_csv_quotes_cells_a_spreadsheet_would_run(tmp_path):
                                      ["resolve", JOB, "a", "send", "--not-delivered", "--resolved-by", "me"]])
 def test_finding_7_no_command_creates_a_journal_from_a_typo(tmp_path, command):
     typo = tmp_path / "jounral.sqlite3"
-    out = cli("--journal", str(typo), *command)
+    out = cli(typo, *command)
     assert out.returncode == 1 and "no journal at" in out.stderr, (out.returncode, out.stderr)
     assert list(tmp_path.iterdir()) == []
 
@@ -246,16 +222,11 @@ HELD_JOB = "hardening_dag/send/run-with-held-items"
 
 @pytest.fixture(scope="module")
 def ui_server(airflow_template, tmp_path_factory):
-    import shutil
-
     from airflow_resumable.runner import Step, run_batch
     from tests import airflow_server
-    from tests.airflow_harness import base_env
     from tests.test_receipt_log import log_line
 
     tmp = tmp_path_factory.mktemp("ui-hardening")
-    home = tmp / "airflow"
-    shutil.copytree(airflow_template, home)
     journal_path = tmp / "worker" / "journal.sqlite3"
     send = [Step("send", lambda item, ctx: f"rcpt-{ctx.job_id[-8:]}-{item['id']}", side_effect=True)]
     with StepJournal(journal_path) as journal:
@@ -270,11 +241,7 @@ def ui_server(airflow_template, tmp_path_factory):
     held_job(journal_path, HELD_JOB, "held-1")
     held_job(journal_path, HELD_JOB, "held-2")
     log.write_bytes(log_line("in-flight", "d1", "rcpt-in-log").replace(b"receipts/job", LOGGED_JOB.encode()))
-    port = airflow_server.free_port()
-    env = airflow_server.server_env(base_env(home), home, port)
-    env["AIRFLOW__RESUMABLE__JOURNAL_PATH"] = str(journal_path)
-    srv = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
-                               env, f"http://127.0.0.1:{port}", tmp / "api-server.log")
+    srv = airflow_server.api_server(airflow_template, tmp, {"AIRFLOW__RESUMABLE__JOURNAL_PATH": str(journal_path)})
     srv.journal, srv.receipt_log = journal_path, log
     try:
         yield srv
@@ -405,21 +372,17 @@ def test_finding_4_a_full_disk_is_reported_as_such_and_nothing_is_lost(small_dis
 
 
 def test_finding_4_reading_works_on_a_full_disk(small_disk):
-    import subprocess
-    import sys
 
     path = small_disk / "journal.sqlite3"
-    held_job(path)
+    held_job(path, JOB)
     with StepJournal(path) as journal:  # a dead runner's receipt log: a writer's open would fold it
         log = journal._receipt_log_path(JOB)
     log.write_bytes(b"")
     fill(small_disk)
     for command in (["held", JOB], ["show", JOB], ["jobs"], ["audit", JOB], ["export", JOB]):
-        done = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(path), *command],
-                              capture_output=True, text=True, timeout=60)
+        done = cli(path, *command)
         assert done.returncode == 0, (command, done.stderr)
-    held = subprocess.run([sys.executable, "-m", "airflow_resumable.cli", "--journal", str(path), "--json", "held",
-                           JOB], capture_output=True, text=True, timeout=60)
+    held = cli(path, "--json", "held", JOB)
     assert [h["item_id"] for h in json.loads(held.stdout)] == ["a"]
 
 

@@ -8,6 +8,7 @@ import pytest
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 from airflow_resumable.sensors.held_items import HeldItemSensor
+from tests.scenario import held_job
 
 JOB = "dag/send/run-1"
 
@@ -67,19 +68,6 @@ def test_deferrable_with_verify_is_refused_when_the_dag_is_parsed():
         HeldItemSensor(task_id="wait", job_id=JOB, deferrable=True, verify=lambda ctx: None)
 
 
-def held_job(url: str) -> str:
-    """A job on the shared journal at ``url`` with one send held (its outcome unknown); its journal id."""
-    def lost(item, ctx):
-        raise ConnectionError("reply lost")
-
-    with StepJournal(url) as journal:
-        with pytest.raises(ConnectionError):
-            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
-        result = run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
-        assert [h.item_id for h in result.held] == ["a"]
-        return journal.journal_id
-
-
 def test_trigger_waits_until_the_held_send_is_settled(postgres_url, monkeypatch):
     import asyncio
     import threading
@@ -88,7 +76,7 @@ def test_trigger_waits_until_the_held_send_is_settled(postgres_url, monkeypatch)
     from tests.test_airflow_shared_journal import connection
 
     monkeypatch.setenv("AIRFLOW_CONN_SHARED_JOURNAL", connection(postgres_url))
-    journal_id = held_job(postgres_url)
+    journal_id = held_job(postgres_url, JOB)
     classpath, kwargs = HeldItemTrigger(job_id=JOB, journal_conn_id="shared_journal", journal_id=journal_id,
                                         poll_interval=0.2).serialize()
     assert "postgresql://" not in str(kwargs)  # trigger arguments land in the metadata DB: no URL, no password
@@ -120,7 +108,7 @@ def test_trigger_refuses_a_connection_that_now_reaches_another_journal(postgres,
     from airflow_resumable.triggers.held_items import HeldItemTrigger
     from tests.test_airflow_shared_journal import connection
 
-    journal_id = held_job(postgres_url)
+    journal_id = held_job(postgres_url, JOB)
     monkeypatch.setenv("AIRFLOW_CONN_SHARED_JOURNAL", connection(postgres.new_database()))
     trigger = HeldItemTrigger(job_id=JOB, journal_conn_id="shared_journal", journal_id=journal_id, poll_interval=0.2)
     event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=60))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from html import unescape
@@ -60,15 +59,9 @@ def _write_journal(path) -> None:
 @pytest.fixture(scope="module")
 def server(airflow_template, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
-    home = tmp / "airflow"
-    shutil.copytree(airflow_template, home)
     journal = tmp / "worker" / "journal.sqlite3"
     _write_journal(journal)
-    port = airflow_server.free_port()
-    env = airflow_server.server_env(base_env(home), home, port)
-    env["AIRFLOW__RESUMABLE__JOURNAL_PATH"] = str(journal)
-    srv = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"],
-                               env, f"http://127.0.0.1:{port}", tmp / "api-server.log")
+    srv = airflow_server.api_server(airflow_template, tmp, {"AIRFLOW__RESUMABLE__JOURNAL_PATH": str(journal)})
     srv.journal = journal
     try:
         yield srv
