@@ -16,8 +16,9 @@ import secrets
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
@@ -58,6 +59,17 @@ _templates = Environment(
 # --------------------------------------------------------------------------------- authentication
 
 
+def _authorized_dags(user: Any, method: str) -> tuple[bool, frozenset[str]]:
+    """(all DAGs?, else the DAG ids) the auth manager lets ``user`` access with ``method``."""
+    from airflow.api_fastapi.app import get_auth_manager
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    auth_manager = get_auth_manager()
+    if auth_manager.is_authorized_dag(method=method, user=user, details=DagDetails()):
+        return True, frozenset()
+    return False, frozenset(auth_manager.get_authorized_dag_ids(user=user, method=method))
+
+
 @dataclass(frozen=True)
 class Viewer:
     """Who is asking, and which jobs they may see."""
@@ -65,37 +77,36 @@ class Viewer:
     name: str
     all_dags: bool
     dag_ids: frozenset[str]
-    edit_all_dags: bool = False
-    edit_dag_ids: frozenset[str] = frozenset()
+    user: Any = field(default=None, compare=False, repr=False)
 
     def may_see(self, job_id: str) -> bool:
         # A default job_id starts with its DAG id; a custom one is shown to users who read all DAGs.
         return self.all_dags or job_id.split("/", 1)[0] in self.dag_ids
 
+    @cached_property
+    def _editable(self) -> tuple[bool, frozenset[str]]:
+        # Asked only by the resolve form and endpoint, not by every page view.
+        return _authorized_dags(self.user, "PUT")
+
     def may_settle(self, job_id: str) -> bool:
         """Settling a held item is acting on the job's DAG: Airflow's edit permission on it (as Clear)."""
-        return self.edit_all_dags or job_id.split("/", 1)[0] in self.edit_dag_ids
+        edit_all, edit_ids = self._editable
+        return edit_all or job_id.split("/", 1)[0] in edit_ids
 
 
 async def require_dag_read(request: Request) -> Viewer:
     """Airflow's own authentication (JWT from header or cookie) and DAG read permission."""
     # Imported here: workers import this module when they load plugins and need none of it.
-    from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
     from fastapi.security import HTTPBearer
 
     from airflow_resumable._compat import get_user
 
     credentials = await HTTPBearer(auto_error=False)(request)
     user = await get_user(request, credentials)  # Airflow answers 401/403 itself
-    auth_manager = get_auth_manager()
-    all_dags = auth_manager.is_authorized_dag(method="GET", user=user, details=DagDetails())
-    dag_ids = frozenset() if all_dags else frozenset(auth_manager.get_authorized_dag_ids(user=user, method="GET"))
+    all_dags, dag_ids = _authorized_dags(user, "GET")
     if not all_dags and not dag_ids:
         raise HTTPException(status_code=403, detail="Forbidden: DAG read permission is required")
-    edit_all = auth_manager.is_authorized_dag(method="PUT", user=user, details=DagDetails())
-    edit_ids = frozenset() if edit_all else frozenset(auth_manager.get_authorized_dag_ids(user=user, method="PUT"))
-    return Viewer(user.get_name(), all_dags, dag_ids, edit_all, edit_ids)
+    return Viewer(user.get_name(), all_dags, dag_ids, user)
 
 
 ViewerDep = Annotated[Viewer, Depends(require_dag_read)]
