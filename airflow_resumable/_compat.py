@@ -33,7 +33,6 @@ def airflow_version() -> tuple[int, int]:
     return 0, 0
 
 
-AIRFLOW_V_3_2_PLUS = airflow_version() >= (3, 2)
 AIRFLOW_V_3_3_PLUS = airflow_version() >= (3, 3)
 
 

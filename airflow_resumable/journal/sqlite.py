@@ -206,7 +206,7 @@ class SqliteJournal(StepJournal):
             except FileExistsError:
                 pass  # another process made it meanwhile (or a file is in the way: the open below says so)
             except OSError as exc:
-                if _is_disk_full(exc):
+                if _is_enospc(exc):
                     raise self._disk_full("ENOSPC") from None
                 raise JournalError(
                     f"cannot create the journal directory {directory} ({type(exc).__name__}); "
@@ -215,7 +215,7 @@ class SqliteJournal(StepJournal):
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
-            if _is_disk_full(exc):
+            if _is_enospc(exc):
                 raise self._disk_full("ENOSPC") from None
             raise JournalError(
                 f"cannot open the journal {self.path} ({type(exc).__name__}); check that the path is "
@@ -390,7 +390,7 @@ class SqliteJournal(StepJournal):
                     os.close(dir_fd)
             os.fsync(self._wal_fd)
         except OSError as exc:
-            if _is_disk_full(exc):
+            if _is_enospc(exc):
                 raise self._disk_full("ENOSPC on fsync") from None
             raise
         self.fsync_count += 1
@@ -470,7 +470,7 @@ SQLITE_IOERR, SQLITE_FULL = 10, 13  # sqlite3's constants (Python 3.11+); extend
 NEARLY_FULL_BYTES = 1 << 20  # an I/O error with less room than this left is taken for a full disk
 
 
-def _is_disk_full(exc: OSError) -> bool:
+def _is_enospc(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -496,7 +496,7 @@ class FileReceiptLog:
                 self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
             os.write(self._fd, data)
         except OSError as exc:
-            if _is_disk_full(exc):
+            if _is_enospc(exc):
                 journal = Path(str(self.path.parent).removesuffix(".locks"))  # <journal>.locks/<job>.receipts
                 raise disk_full_error(journal, "ENOSPC writing a receipt log") from None
             raise
@@ -555,7 +555,7 @@ class JobLock:
             os.ftruncate(self._fd, 0)
             os.pwrite(self._fd, json.dumps(info).encode("utf-8"), 0)
         except OSError as exc:  # who holds the lock is for messages only: a full disk must not stop the run
-            if not _is_disk_full(exc):
+            if not _is_enospc(exc):
                 self.release()
                 raise
 

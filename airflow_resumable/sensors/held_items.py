@@ -88,6 +88,8 @@ class HeldItemSensor(BaseSensorOperator):
         return summary["job_id"], target, recorded if isinstance(recorded, str) else None
 
     def execute(self, context: Context) -> Any:
+        if self.deferrable is False:  # reschedule mode: poke() finds the journal itself
+            return super().execute(context)
         job_id, target, recorded_id = self._target(context)
         if not self._defers(target) or target.conn_id is None:
             return super().execute(context)
