@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.airflow_metadata import MetadataDB
 
 REPO = Path(__file__).resolve().parent.parent
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
@@ -120,48 +121,25 @@ class Airflow:
             args += ["-c", json.dumps(conf)]
         return self.run(*args)
 
-    # -- reading the metadata DB --------------------------------------------------------------
+    # -- reading the metadata DB (tests/airflow_metadata.py: version-checked, read-only) --------
 
-    def _db(self) -> sqlite3.Connection:
-        return sqlite3.connect(self.home / "airflow.db", timeout=30)
+    @property
+    def metadata(self) -> MetadataDB:
+        return MetadataDB(self.home / "airflow.db")
 
     def last_run_id(self, dag_id: str) -> str:
-        with self._db() as db:
-            return db.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1",
-                              (dag_id,)).fetchone()[0]
+        return self.metadata.last_run_id(dag_id)
 
     def run_state(self, dag_id: str) -> str:
-        with self._db() as db:
-            return db.execute("SELECT state FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1",
-                              (dag_id,)).fetchone()[0]
+        return self.metadata.run_state(dag_id)
 
     def task_states(self, dag_id: str, run_id: str | None = None) -> dict[tuple[str, int], tuple[str, int]]:
-        run_id = run_id or self.last_run_id(dag_id)
-        with self._db() as db:
-            rows = db.execute(
-                "SELECT task_id, map_index, state, try_number FROM task_instance WHERE dag_id=? AND run_id=?",
-                (dag_id, run_id),
-            ).fetchall()
-        return {(t, m): (s, n) for t, m, s, n in rows}
+        return self.metadata.task_states(dag_id, run_id or self.last_run_id(dag_id))
 
     def hostname(self, dag_id: str, task_id: str, run_id: str | None = None) -> str:
         """The host Airflow recorded for the task's last try ([core] hostname_callable)."""
-        run_id = run_id or self.last_run_id(dag_id)
-        with self._db() as db:
-            (name,) = db.execute("SELECT hostname FROM task_instance WHERE dag_id=? AND run_id=? AND task_id=?",
-                                 (dag_id, run_id, task_id)).fetchone()
-        assert name, "Airflow recorded no hostname"
-        return str(name)
+        return self.metadata.hostname(dag_id, task_id, run_id or self.last_run_id(dag_id))
 
     def xcom(self, dag_id: str, task_id: str, key: str = "return_value", map_index: int = -1,
              run_id: str | None = None):
-        run_id = run_id or self.last_run_id(dag_id)
-        with self._db() as db:
-            row = db.execute(
-                """SELECT value FROM xcom WHERE dag_id=? AND task_id=? AND key=? AND map_index=? AND run_id=?""",
-                (dag_id, task_id, key, map_index, run_id),
-            ).fetchone()
-        if row is None:
-            return None
-        value = row[0]
-        return json.loads(value) if isinstance(value, (str, bytes)) else value
+        return self.metadata.xcom(dag_id, task_id, run_id or self.last_run_id(dag_id), key, map_index)
