@@ -8,7 +8,8 @@ it with the traceback).
 
 Ids are data from DAG authors and upstream systems: tables show control and format characters escaped
 (no terminal escape sequences reach your screen), and CSV cells that a spreadsheet would run as a
-formula are quoted with a leading apostrophe.
+formula are quoted with a leading apostrophe. Tables show times in Airflow's ``[core] default_timezone``
+with how long ago ("3 hours ago"); ``--json`` and ``export`` keep ISO 8601 in UTC.
 """
 
 from __future__ import annotations
@@ -16,19 +17,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import functools
 import getpass
 import io
 import json
-import re
 import sys
 import traceback
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
+from airflow_resumable._time import DURATION_HELP, DurationError, parse_duration, when
 from airflow_resumable.journal import JournalError, NotHeldError, ResolutionError, StepJournal, is_postgres_url
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
@@ -43,22 +45,22 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _duration(text: str) -> timedelta:
-    match = re.fullmatch(r"(\d+)([smhdw])", text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"invalid duration {text!r}: use e.g. 30d, 12h, 90m")
-    unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}[match.group(2)]
-    return timedelta(**{unit: int(match.group(1))})
+    try:
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: Any, time: Callable[[datetime], str] = datetime.isoformat) -> Any:
+    """JSON-ready data; ``time`` writes datetimes (ISO 8601 UTC for JSON, local and relative for tables)."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in asdict(value).items()}
+        return {k: _plain(v, time) for k, v in asdict(value).items()}
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v, time) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [_plain(v, time) for v in value]
     if isinstance(value, datetime):
-        return value.isoformat()
+        return time(value)
     if isinstance(value, Enum):
         return value.value
     return value
@@ -98,22 +100,22 @@ def _table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="airflow-resumable", description=__doc__.splitlines()[0])
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--journal", help="journal file, or postgresql:// URL of a shared journal "
-                                         "(default: the Airflow config)")
-    where.add_argument("--conn-id", help="Airflow Postgres connection of a shared journal")
-    parser.add_argument("--schema", help="schema of a shared journal given by --journal URL (default: resumable)")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    _global_options(parser, argparse.SUPPRESS)
+    # The global options are accepted after the sub-command too (``jobs --json``): each sub-parser knows
+    # them, and a value given there wins.
+    common = _Parser(add_help=False)
+    _global_options(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    sub.add_parser("jobs", help="jobs with per-status counts, held count, last update")
-    show = sub.add_parser("show", help="a job's rows")
+    add = functools.partial(sub.add_parser, parents=[common])
+    add("jobs", help="jobs with per-status counts, held count, last update")
+    show = add("show", help="a job's rows")
     show.add_argument("job_id")
     show.add_argument("--item", help="only this item")
     show.add_argument("--status", choices=["IN_FLIGHT", "SUCCEEDED", "FAILED"])
     show.add_argument("--held", action="store_true", help="only held rows")
-    held = sub.add_parser("held", help="held steps (of one job or all)")
+    held = add("held", help="held steps (of one job or all)")
     held.add_argument("job_id", nargs="?")
-    resolve = sub.add_parser("resolve", help="settle an unknown-outcome send")
+    resolve = add("resolve", help="settle an unknown-outcome send")
     resolve.add_argument("job_id")
     resolve.add_argument("item_id")
     resolve.add_argument("step")
@@ -123,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve.add_argument("--receipt")
     resolve.add_argument("--note", default="")
     resolve.add_argument("--resolved-by", default=None, help="default: your OS user")
-    resolve_input = sub.add_parser("resolve-input", help="settle an input_changed hold")
+    resolve_input = add("resolve-input", help="settle an input_changed hold")
     resolve_input.add_argument("job_id")
     resolve_input.add_argument("item_id")
     choice = resolve_input.add_mutually_exclusive_group(required=True)
@@ -131,14 +133,35 @@ def build_parser() -> argparse.ArgumentParser:
     choice.add_argument("--keep-previous", action="store_true", help="the new input counts as handled")
     resolve_input.add_argument("--note", default="")
     resolve_input.add_argument("--resolved-by", default=None)
-    audit = sub.add_parser("audit", help="the resolution audit log of a job")
+    audit = add("audit", help="the resolution audit log of a job")
     audit.add_argument("job_id")
-    prune = sub.add_parser("prune", help="forget finished jobs older than a cut-off")
-    prune.add_argument("--older-than", type=_duration, required=True, help="e.g. 30d")
-    export = sub.add_parser("export", help="a job's rows as JSON or CSV")
+    prune = add("prune", help="forget finished jobs older than a cut-off")
+    prune.add_argument("--older-than", type=_duration, required=True, help=DURATION_HELP)
+    export = add("export", help="a job's rows as JSON or CSV")
     export.add_argument("job_id")
     export.add_argument("--format", choices=["json", "csv"], default="json")
     return parser
+
+
+def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--journal", default=default, help="journal file, or postgresql:// URL of a shared journal "
+                                                          "(default: the Airflow config)")
+    where.add_argument("--conn-id", default=default, help="Airflow Postgres connection of a shared journal")
+    parser.add_argument("--schema", default=default,
+                        help="schema of a shared journal given by --journal URL (default: resumable)")
+    parser.add_argument("--json", action="store_true", default=default, help="machine-readable output")
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, global options before or after the sub-command (``--json jobs``, ``jobs --json``)."""
+    args = build_parser().parse_args(argv)
+    for name, value in (("journal", None), ("conn_id", None), ("schema", None), ("json", False)):
+        if not hasattr(args, name):
+            setattr(args, name, value)
+    if args.journal is not None and args.conn_id is not None:
+        build_parser().error("argument --conn-id: not allowed with argument --journal")
+    return args
 
 
 def _open(args: argparse.Namespace) -> StepJournal:
@@ -165,17 +188,18 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any) -> int:
 
 
 def _emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
-    plain = _plain(data)
     if as_json:
-        out.write(json.dumps(plain, indent=2) + "\n")
-    else:
+        out.write(json.dumps(_plain(data), indent=2) + "\n")
+    else:  # times in Airflow's [core] default_timezone, with "3 hours ago"
+        plain = _plain(data, time=when)
         out.write(_table(plain if isinstance(plain, list) else [plain], columns) + "\n")
 
 
 def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
     who = getattr(args, "resolved_by", None) or getpass.getuser()
     if args.command == "jobs":
-        jobs = [{**_plain(j), **j.counts, "held": j.held, "unresolved": j.unresolved} for j in journal.jobs()]
+        time = datetime.isoformat if args.json else when
+        jobs = [{**_plain(j, time), **j.counts, "held": j.held, "unresolved": j.unresolved} for j in journal.jobs()]
         _emit(out, args.json, jobs, ["job_id", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held", "unresolved",
                                      "updated_at"])
     elif args.command == "show":
@@ -217,7 +241,7 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     from airflow_resumable._airflow import JournalConfigError
 
     try:

@@ -94,6 +94,9 @@ def test_refused_resolutions_exit_1_and_leave_the_journal_unchanged(journal_path
     ["resolve", "j", "b", "notify"],                                # no decision
     ["resolve", "j", "b", "notify", "--delivered", "--not-delivered"],
     ["prune", "--older-than", "soon"],
+    ["prune", "--older-than", "P1M"],  # a month has no fixed length
+    ["prune", "--older-than", "2026-01-01"],  # a date, not a duration
+    ["jobs", "--conn-id", "x"],  # --journal (given before the sub-command) and --conn-id exclude each other
     ["export", "j", "--format", "xml"],
     ["frobnicate"],
 ])
@@ -126,3 +129,66 @@ def test_journal_path_from_the_environment(journal_path):
     missing = cli(journal_path.with_name("missing.sqlite3"), "jobs")
     assert missing.returncode == 1 and "no journal at" in missing.stderr
     assert not journal_path.with_name("missing.sqlite3").exists()
+
+
+def test_global_options_work_after_the_sub_command(journal_path):
+    after = subprocess.run([CLI, "jobs", "--json", "--journal", str(journal_path)], capture_output=True, text=True,
+                           timeout=60)
+    assert after.returncode == 0, after.stderr
+    assert json.loads(after.stdout) == json.loads(cli(journal_path, "--json", "jobs").stdout)
+    held = subprocess.run([CLI, "held", "j", "--journal", str(journal_path), "--json"], capture_output=True,
+                          text=True, timeout=60)
+    assert len(json.loads(held.stdout)) == 2
+
+
+@pytest.mark.parametrize("text", ["30d", "P30D", "p30d", "720h", "PT720H", "P29DT24H"])
+def test_prune_reads_short_and_iso_8601_durations(journal_path, tmp_path, text):
+    other = tmp_path / "other.sqlite3"
+    with StepJournal(other) as journal:
+        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)])
+    result = cli(other, "--json", "prune", "--older-than", text)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {"pruned": []}  # the job finished just now: not 30 days old
+    assert json.loads(cli(other, "--json", "jobs").stdout)[0]["job_id"] == "finished"
+
+
+def test_tables_show_times_in_airflows_default_timezone_and_how_long_ago(journal_path):
+    import os
+
+    env = {**os.environ, "AIRFLOW__CORE__DEFAULT_TIMEZONE": "Asia/Tokyo"}
+    table = cli(journal_path, "jobs", env=env).stdout
+    (job,) = json.loads(cli(journal_path, "--json", "jobs", env=env).stdout)
+    from datetime import datetime, timedelta, timezone
+
+    updated = datetime.fromisoformat(job["updated_at"])  # JSON stays ISO 8601 in UTC
+    assert updated.utcoffset() == timedelta(0)
+    tokyo = (updated + timedelta(hours=9)).strftime("%Y-%m-%d %H:%M")
+    assert tokyo in table and "JST" in table, table
+    assert " ago)" in table or "(just now)" in table, table
+    assert datetime.now(timezone.utc) - updated < timedelta(minutes=10)
+
+
+def test_durations_and_times_read_and_written_with_pendulum(monkeypatch):
+    from datetime import datetime, timedelta, timezone
+
+    from airflow_resumable import _time
+
+    assert _time.parse_duration("30d") == _time.parse_duration("P30D") == timedelta(days=30)
+    assert _time.parse_duration(" 12h ") == _time.parse_duration("PT12H") == timedelta(hours=12)
+    for bad in ("", "30", "d", "-1d", "P1Y", "P1M", "PXD", "2026-01-01", "30 days"):
+        with pytest.raises(_time.DurationError, match="invalid duration"):
+            _time.parse_duration(bad)
+    monkeypatch.setenv("AIRFLOW__CORE__DEFAULT_TIMEZONE", "Europe/Berlin")
+    _time.display_timezone.cache_clear()
+    try:
+        at = datetime(2026, 12, 3, 9, 0, tzinfo=timezone.utc)
+        assert _time.when(at, now=at + timedelta(hours=3, minutes=5)) == "2026-12-03 10:00:00 CET (3 hours ago)"
+        assert _time.when(at.replace(month=7), now=at) == "2026-07-03 11:00:00 CEST (5 months ago)"
+        assert _time.ago(at, now=at) == "just now"
+        assert _time.ago(at + timedelta(minutes=2), now=at) == "2 minutes from now"  # another host's clock ahead
+        assert _time.age(at, now=at + timedelta(days=2)) == "2 days"
+        monkeypatch.setenv("AIRFLOW__CORE__DEFAULT_TIMEZONE", "Not/AZone")
+        _time.display_timezone.cache_clear()
+        assert _time.when(at, now=at).startswith("2026-12-03 09:00:00 UTC")  # an unknown zone shows UTC
+    finally:
+        _time.display_timezone.cache_clear()

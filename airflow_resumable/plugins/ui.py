@@ -29,6 +29,7 @@ from markupsafe import Markup, escape
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_resumable import _time
 from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_display, journal_target
 from airflow_resumable.journal import (
     DECISIONS_BY_REASON,
@@ -256,13 +257,25 @@ def batch_task_path(job_id: str) -> str | None:
 
 
 def _when(value: datetime | str | None) -> Markup:
-    """Date and time, each kept on one line (a narrow column wraps between them, not inside)."""
+    """Date and time in Airflow's ``[core] default_timezone`` and how long ago; the exact UTC instant on hover.
+    Date, time and the relative part each stay on one line (a narrow column wraps between them)."""
     if value is None:
         return Markup("")
     if isinstance(value, str):
         value = datetime.fromisoformat(value)
-    return Markup('<span><span class="nowrap">{}</span> <span class="nowrap">{}</span></span>').format(
-        value.strftime("%Y-%m-%d"), value.strftime("%H:%M:%S UTC"))
+    moment = _time.local(value)
+    return Markup('<time datetime="{}" title="{}"><span class="nowrap">{}</span> <span class="nowrap">{}</span> '
+                  '<span class="nowrap muted">({})</span></time>').format(
+        value.isoformat(), value.isoformat(), moment.format("YYYY-MM-DD"), moment.format("HH:mm:ss zz"),
+        _time.ago(value))
+
+
+def _age(value: datetime | str) -> Markup:
+    """How long ago, e.g. "3 hours" (for "held for 3 hours"); the local time on hover."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    return Markup('<time datetime="{}" title="{}">{}</time>').format(
+        value.isoformat(), _time.local(value).format("YYYY-MM-DD HH:mm:ss zz"), _time.age(value))
 
 
 def _breakable(value: str) -> Markup:
@@ -271,6 +284,7 @@ def _breakable(value: str) -> Markup:
 
 
 _templates.filters["when"] = _when
+_templates.filters["age"] = _age
 _templates.filters["breakable"] = _breakable
 _templates.globals.update(job_path=job_path, resolve_path=resolve_path, batch_task_path=batch_task_path)
 
