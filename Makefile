@@ -59,7 +59,7 @@ test-matrix: $(foreach v,$(AIRFLOW_MATRIX),.venv-airflow-$(v)/.installed) $(fore
 	echo "=== matrix: every cell passed ==="
 
 lint: $(VENV)/.installed
-	$(VENV)/bin/ruff check airflow_resumable tests benchmarks dags
+	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo
 	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner.py airflow_resumable/_fs.py airflow_resumable/errors.py
 
 demo: $(VENV)/.installed  ## the article's experiment end to end through real Airflow

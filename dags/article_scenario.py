@@ -1,67 +1,8 @@
-"""The article's scenario as DAGs: 50 items x 3 steps against the demo HTTP receiver.
+"""The article's DAGs for this repository's demo and docker-compose: the provider's example DAGs
+(``airflow_provider_resumable/example_dags/article_scenario.py``), loaded from the installed package."""
 
-* ``article_resumable``: ResumableBatchOperator with the HTTP notifier (retries=1). Arm a fault for
-  item-041 on the receiver (``POST /faults``) to see try 1 fail there and try 2 resume.
-* ``article_rerun_everything``: the same work with no journal: a retry starts again from item 1.
-
-The receiver is the Airflow connection ``demo_receiver`` (e.g. ``AIRFLOW_CONN_DEMO_RECEIVER``).
-Simulated waits as in the article: 1.5 ms per local step; the send is a real HTTP call.
-"""
-
-from __future__ import annotations
-
-import time
-from datetime import datetime, timedelta
-
-from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk import DAG
-
-from airflow_resumable.notifiers.http import HttpReceiver
-from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
-from airflow_resumable.runner import Step, StepContext, idempotency_key
-
-ITEMS = [{"id": f"item-{i:03d}", "amount": i * 100, "to": f"user{i}@example.test"} for i in range(1, 51)]
-receiver = HttpReceiver("demo_receiver", timeout=5)
-retry_once = {"retries": 1, "retry_delay": timedelta(seconds=0)}
-
-
-def validate(item, ctx):
-    time.sleep(0.0015)
-    return {"ok": item["amount"] >= 0}
-
-
-def transform(item, ctx):
-    time.sleep(0.0015)
-    return {"cents": item["amount"] * 100}
-
-
-def rerun_everything(**context):
-    """No journal: every try sends every item again. Returns the steps this try executed."""
-    executed = 0
-    job_id = f"article_rerun_everything/{context['run_id']}"
-    for item in ITEMS:
-        outputs: dict = {}
-        for name, fn in (("validate", validate), ("transform", transform), ("notify_external", receiver.notify)):
-            ctx = StepContext(job_id, item["id"], name, "", idempotency_key(job_id, item["id"], name), outputs)
-            outputs[name] = fn(item, ctx)
-            executed += 1
-    return executed
-
-
-with DAG("article_resumable", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-         default_args=retry_once, tags=["resumable", "demo"]):
-    ResumableBatchOperator(
-        task_id="send",
-        items=ITEMS,
-        steps=[Step("validate", validate), Step("transform", transform),
-               Step("notify_external", receiver.notify, side_effect=True)],
-    )
-
-with DAG("article_resumable_verify", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-         default_args=retry_once, tags=["resumable", "demo"]):
-    ResumableBatchOperator(task_id="send", items=ITEMS, validate=validate, transform=transform,
-                           notify=receiver.notify, verify=receiver.verify)
-
-with DAG("article_rerun_everything", schedule=None, start_date=datetime(2026, 1, 1), catchup=False,
-         default_args=retry_once, tags=["demo"]):
-    PythonOperator(task_id="send", python_callable=rerun_everything)
+from airflow_provider_resumable.example_dags.article_scenario import (  # noqa: F401
+    article_rerun_everything,
+    article_resumable,
+    article_resumable_verify,
+)

@@ -129,7 +129,10 @@ def test_receiver_service_and_connection_agree():
             conn = json.loads(compose["services"][name]["environment"]["AIRFLOW_CONN_DEMO_RECEIVER"])
             assert conn["conn_type"] == "http" and conn["host"] == f"http://demo-receiver:{port}"
     # The DAGs use the same connection id.
-    assert 'HttpReceiver("demo_receiver"' in (REPO / "dags" / "article_scenario.py").read_text()
+    article = REPO / "airflow_provider_resumable" / "example_dags" / "article_scenario.py"
+    assert 'HttpReceiver("demo_receiver"' in article.read_text()
+    assert "from airflow_provider_resumable.example_dags.article_scenario import" in (
+        REPO / "dags" / "article_scenario.py").read_text()
 
 
 def test_single_host_override_keeps_the_local_sqlite_layout():

@@ -6,16 +6,18 @@ import os
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseOperator
+import pendulum
+from airflow.sdk import DAG, BaseOperator, Param
 
-from airflow_resumable._airflow import journal_target
+from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_target
 from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import DECISIONS, JournalError
+from airflow_resumable.runner import MAX_ID_LENGTH
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator"]
+__all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator", "resolve_held_item_dag"]
 _STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "resolved_by")
 
 
@@ -108,3 +110,55 @@ def _triggering_user(context: Context) -> str | None:
         if isinstance(value, str) and value.strip():
             return value
     return None
+
+
+def resolve_held_item_dag(
+    dag_id: str = RESOLVE_DAG_ID, *, journal_conn_id: str | None = None,
+    journal_path: str | os.PathLike[str] | None = None, job_dag_ids: Collection[str] | None = None,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The resolve DAG: one :class:`ResolveOperator` whose run form asks for the decision.
+
+    Put ``dag = resolve_held_item_dag()`` in a file of your DAGs folder (the provider's example DAGs
+    hold the same, loaded when ``[core] load_examples`` is on). A team's own copy, limited to its DAGs
+    and with its own permissions::
+
+        dag = resolve_held_item_dag("resolve_team_a", job_dag_ids=["billing"], access_control={...})
+
+    ``dag_kwargs`` go to the DAG (``access_control``, ``tags``, ``default_args``, ...).
+    """
+    settings: dict[str, Any] = {
+        "description": "Record a human decision about a held step of a resumable batch",
+        "schedule": None,
+        "start_date": pendulum.datetime(2026, 1, 1, tz="UTC"),
+        "catchup": False,
+        "max_active_runs": 1,
+        "tags": ["resumable"],
+        "params": _resolve_params(),
+        "doc_md": "Settle a step that a resumable batch held for a human, after checking the receiver's "
+                  "records; then Clear the batch task: it resumes.",
+    }
+    settings.update(dag_kwargs)
+    with DAG(dag_id=dag_id, **settings) as dag:
+        ResolveOperator(task_id="resolve", journal_conn_id=journal_conn_id, journal_path=journal_path,
+                        job_dag_ids=job_dag_ids)
+    return dag
+
+
+def _resolve_params() -> dict[str, Param]:
+    return {
+        "job_id": Param(type="string", minLength=1, maxLength=MAX_ID_LENGTH,
+                        description="The job, as shown in the batch task's summary or failure message."),
+        "item_id": Param(type="string", minLength=1, maxLength=MAX_ID_LENGTH, description="The held item's id."),
+        "step": Param("", type="string", maxLength=256,
+                      description="The held step (required for delivered / not_delivered)."),
+        "decision": Param(type="string", enum=list(DECISIONS),
+                          description="delivered: the receiver has it (give its receipt); not_delivered: "
+                          "the receiver confirmed it never arrived (it is sent once on the next run); "
+                          "keep_previous_input / use_new_input: for an input_changed hold."),
+        "receipt": Param("", type="string", maxLength=4096,
+                         description="The receiver's receipt / reference (required for delivered)."),
+        "note": Param("", type="string", maxLength=4096, description="Why; what you checked."),
+        "resolved_by": Param("", type="string", maxLength=256,
+                             description="Who decides (used when Airflow does not know the triggering user)."),
+    }
