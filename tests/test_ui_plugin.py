@@ -61,7 +61,9 @@ def server(airflow_template, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ui")
     journal = tmp / "worker" / "journal.sqlite3"
     _write_journal(journal)
-    srv = airflow_server.api_server(airflow_template, tmp, {"AIRFLOW__RESUMABLE__JOURNAL_PATH": str(journal)})
+    # Times on the page follow Airflow's [core] default_timezone (JSON stays UTC).
+    srv = airflow_server.api_server(airflow_template, tmp, {"AIRFLOW__RESUMABLE__JOURNAL_PATH": str(journal),
+                                                            "AIRFLOW__CORE__DEFAULT_TIMEZONE": "Asia/Tokyo"})
     srv.journal = journal
     try:
         yield srv
@@ -141,6 +143,8 @@ def test_resolve_form_is_prefilled_for_each_reason(server, admin):
     assert "keep_previous_input" not in html.split("<select")[1].split("</select>")[0]
     assert idempotency_key(HELD_JOB, "item-041", "notify_external") in html
     assert 'data-endpoint="/resumable/api/resolve"' in html  # the API server checks the DAG permission
+    assert re.search(r"held for <time datetime=\"[^\"]+\+00:00\" title=\"[-0-9]+ [:0-9]+ JST\">"
+                     r"(\d+ \w+|a few seconds|less than a second)</time>", html), html
     url = server.url + "/resumable/resolve?" + f"job_id={quote(CHANGED_JOB, safe='')}&item_id=a&step=validate"
     status, _, html = airflow_server.get(url, bearer=admin, accept="text/html")
     assert status == 200 and '<option value="keep_previous_input" selected>' in html and "use_new_input" in html
@@ -149,10 +153,15 @@ def test_resolve_form_is_prefilled_for_each_reason(server, admin):
 def test_job_page_and_json_show_the_open_rows(server, admin):
     status, _, html = airflow_server.get(pages(server)[2], bearer=admin, accept="text/html")
     assert status == 200 and "item-041" in html and "needs review" in html
+    # Airflow's default_timezone and how long ago; the UTC instant in the markup.
+    assert re.search(r'<time datetime="[-0-9T:.]+\+00:00"[^>]*><span class="nowrap">[-0-9]+</span> '
+                     r'<span class="nowrap">[:0-9]+ JST</span> <span class="nowrap muted">\(([^()]+ ago|just now)\)',
+                     html), html
     assert "/dags/article_hold/runs/" in html  # the batch task in the Airflow UI, to Clear it
     status, _, body = airflow_server.get(pages(server)[3], bearer=admin)
     detail = json.loads(body)
     assert status == 200 and detail["job"]["job_id"] == HELD_JOB and detail["open_rows_total"] == 2
+    assert detail["job"]["updated_at"].endswith("+00:00")
     assert {r["item_id"] for r in detail["open_rows"]} == {"item-041", EVIL_ITEM}
 
 
