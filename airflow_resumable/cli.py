@@ -31,7 +31,15 @@ from enum import Enum
 from typing import Any
 
 from airflow_resumable._time import DURATION_HELP, DurationError, parse_duration, when
-from airflow_resumable.journal import JournalError, NotHeldError, ResolutionError, StepJournal, is_postgres_url
+from airflow_resumable.journal import (
+    HeldReason,
+    JournalError,
+    NotHeldError,
+    ResolutionError,
+    StepJournal,
+    is_postgres_url,
+)
+from airflow_resumable.runner import idempotency_key as _key
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
 READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
@@ -199,18 +207,23 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
     who = getattr(args, "resolved_by", None) or getpass.getuser()
     if args.command == "jobs":
         time = datetime.isoformat if args.json else when
-        jobs = [{**_plain(j, time), **j.counts, "held": j.held, "unresolved": j.unresolved} for j in journal.jobs()]
-        _emit(out, args.json, jobs, ["job_id", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held", "unresolved",
-                                     "updated_at"])
+        jobs = [{**_plain(j, time), "status": j.status, **j.counts, "held": j.held, "unresolved": j.unresolved}
+                for j in journal.jobs()]
+        _emit(out, args.json, jobs, ["job_id", "status", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held",
+                                     "unresolved", "updated_at"])
     elif args.command == "show":
         if journal.job(args.job_id) is None:
             raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
-        rows = [r for r in journal.rows(args.job_id, args.item)
+        rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step) if r.side_effect else None}
+                for r in journal.rows(args.job_id, args.item)
                 if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
         _emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
-                                     "updated_at"])
+                                     "idempotency_key", "updated_at"])
     elif args.command == "held":
-        _emit(out, args.json, journal.held(args.job_id), ["job_id", "item_id", "step", "reason"])
+        # The key to ask the receiver about; an input_changed hold is not about a send (no key).
+        held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step)
+                 if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in journal.held(args.job_id)]
+        _emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "idempotency_key"])
     elif args.command == "resolve":
         resolution = journal.resolve(args.job_id, args.item_id, args.step, delivered=args.delivered,
                                      receipt=args.receipt, resolved_by=who, note=args.note)

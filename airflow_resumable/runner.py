@@ -129,7 +129,9 @@ class Step:
 
 @dataclass(frozen=True)
 class BatchProgress:
-    items_done: int
+    """How far a run is, reported every ``progress_interval`` seconds, when a step fails, and at the end."""
+
+    items_done: int  # items completed or held by this run so far (not those merely read in)
     items_total: int | None  # None when the items' count is not known up front (a generator)
     executed_steps: int
     skipped_steps: int
@@ -648,8 +650,16 @@ def run_batch(
     result = BatchResult(job_id=job_id, status="completed")
 
     def progress() -> BatchProgress:
-        return BatchProgress(result.items_total, items_total, result.executed_steps, result.skipped_steps,
-                             len(result.held), time.monotonic() - started, result.verified_steps)
+        # Items done: completed or held (a held item stops at its held step) - not merely read in.
+        return BatchProgress(result.items_completed + len(result.held), items_total, result.executed_steps,
+                             result.skipped_steps, len(result.held), time.monotonic() - started,
+                             result.verified_steps)
+
+    def report_if_due() -> None:
+        nonlocal last_report
+        if on_progress is not None and time.monotonic() - last_report >= progress_interval:
+            last_report = time.monotonic()
+            on_progress(progress())
 
     with journal.open_job(job_id, runner=runner) as run:
         batch = _Batch(run, checked_steps, result)
@@ -665,12 +675,11 @@ def run_batch(
                 for p in prepared:
                     if p.item_id in unfinished:
                         driver.start(p, rows.get(p.item_id, {}))
+                        report_if_due()  # by time, between items: slow sends still report
                     else:
                         result.skipped_steps += len(checked_steps)
                         result.items_completed += 1
-                if on_progress is not None and time.monotonic() - last_report >= progress_interval:
-                    last_report = time.monotonic()
-                    on_progress(progress())
+                report_if_due()
             driver.finish()
         except BaseException:
             driver.abort()

@@ -57,6 +57,11 @@ def test_retry_after_accept_verifies_item_41_and_sends_the_rest_once(airflow):
     assert summary["status"] == "completed"
     assert (summary["executed_steps"], summary["skipped_steps"], summary["verified_steps"]) == (27, 123, 1)
     assert summary["items_total"] == summary["items_completed"] == 50
+    # The task log's progress lines give true counts: try 1 failed at item 41 with 40 items done.
+    lines = [line[line.index("Progress: "):] for line in output(airflow).splitlines() if "Progress: " in line]
+    for expected in ("Progress: 40/50 items done, 122 steps executed, 0 skipped, 0 held",
+                     "Progress: 50/50 items done, 27 steps executed, 123 skipped, 0 held"):
+        assert any(line.startswith(expected) for line in lines), lines
     # The host as Airflow records it (hostname_callable), as the UI shows it; not socket.gethostname().
     assert summary["hostname"] == airflow.hostname("article_verify", "send")
     assert summary["journal_path"] == str(airflow.journal)

@@ -192,3 +192,25 @@ def test_durations_and_times_read_and_written_with_pendulum(monkeypatch):
         assert _time.when(at, now=at).startswith("2026-12-03 09:00:00 UTC")  # an unknown zone shows UTC
     finally:
         _time.display_timezone.cache_clear()
+
+
+def test_held_and_show_give_the_idempotency_key_and_jobs_a_status(journal_path, tmp_path):
+    from airflow_resumable.runner import idempotency_key
+
+    key = idempotency_key("j", "b", "notify")
+    held = {h["item_id"]: h for h in json.loads(cli(journal_path, "held", "j", "--json").stdout)}
+    assert held["b"]["idempotency_key"] == key  # what to ask the receiver about
+    assert held["c"]["idempotency_key"] is None  # an input_changed hold is not about a send
+    table = cli(journal_path, "held", "j").stdout
+    assert "IDEMPOTENCY_KEY" in table and key in table
+    rows = json.loads(cli(journal_path, "show", "j", "--item", "b", "--json").stdout)
+    assert {(r["step"], r["idempotency_key"]) for r in rows} == {("validate", None), ("notify", key)}
+    assert key in cli(journal_path, "show", "j", "--held").stdout
+    (job,) = json.loads(cli(journal_path, "jobs", "--json").stdout)
+    assert job["status"] == "needs_review"
+    header, line = cli(journal_path, "jobs").stdout.splitlines()
+    assert header.split()[:2] == ["JOB_ID", "STATUS"] and line.split()[:2] == ["j", "needs_review"]
+    done = tmp_path / "done.sqlite3"
+    with StepJournal(done) as journal:
+        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)])
+    assert json.loads(cli(done, "jobs", "--json").stdout)[0]["status"] == "completed"

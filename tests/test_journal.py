@@ -826,8 +826,29 @@ def test_progress_is_reported_at_the_end_and_when_a_step_fails(tmp_path):
             pass
         else:
             raise AssertionError("the send's error must propagate")
-        # Items 1 and 2 done, item 3's local step ran, its send failed: how far this run got.
-        assert [(p.executed_steps, p.skipped_steps, p.held) for p in reports] == [(5, 0, 0)]
+        # Items 1 and 2 done, item 3's local step ran, its send failed: how far this run got (2 of 5
+        # items done, not the 5 read in).
+        assert [(p.items_done, p.items_total, p.executed_steps, p.skipped_steps, p.held) for p in reports] == [
+            (2, 5, 5, 0, 0)]
         run_batch(journal, "progress/job", [{"id": i} for i in (1, 2, 4, 5)], steps, on_progress=reports.append,
                   progress_interval=3600)
     assert [(p.items_done, p.items_total, p.executed_steps, p.skipped_steps) for p in reports[1:]] == [(4, 4, 4, 4)]
+
+
+def test_progress_is_reported_by_time_between_items_not_per_chunk(tmp_path):
+    """20 slow sends in one chunk: reports come while the chunk runs, each with the items done so far."""
+    reports = []
+
+    def notify(item, ctx):
+        time.sleep(0.03)
+        return f"r{item['id']}"
+
+    steps = [Step("notify", notify, side_effect=True)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        run_batch(journal, "progress/slow", [{"id": i} for i in range(20)], steps, on_progress=reports.append,
+                  progress_interval=0.1)
+    *during, final = reports
+    assert (final.items_done, final.items_total, final.executed_steps) == (20, 20, 20)
+    assert len(during) >= 2, reports  # 20 x 30 ms against a 0.1 s interval: several, however loaded
+    done = [p.items_done for p in during]
+    assert done == sorted(done) and 0 < done[0] < 20, done  # before the chunk of 20 was through

@@ -163,6 +163,9 @@ def test_job_page_and_json_show_the_open_rows(server, admin):
     assert status == 200 and detail["job"]["job_id"] == HELD_JOB and detail["open_rows_total"] == 2
     assert detail["job"]["updated_at"].endswith("+00:00")
     assert {r["item_id"] for r in detail["open_rows"]} == {"item-041", EVIL_ITEM}
+    # What to ask the receiver about, for each send.
+    keys = {r["item_id"]: r["idempotency_key"] for r in detail["open_rows"]}
+    assert keys["item-041"] == idempotency_key(HELD_JOB, "item-041", "notify_external")
 
 
 def test_cookie_of_the_airflow_ui_authenticates_the_browser(server, admin):

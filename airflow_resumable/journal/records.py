@@ -87,6 +87,18 @@ class JobSummary:
     def settled(self) -> bool:
         return self.held == 0 and self.unresolved == 0
 
+    @property
+    def status(self) -> str:
+        """``pruned``, ``needs_review`` (held steps), ``incomplete`` (failed or unresolved steps) or
+        ``completed``: what the CLI's ``jobs`` and the "Resumable jobs" page show."""
+        if self.pruned_at is not None:
+            return "pruned"
+        if self.held:
+            return "needs_review"
+        if self.unresolved or self.counts.get("FAILED", 0):
+            return "incomplete"
+        return "completed"
+
 
 @dataclass(frozen=True)
 class Resolution:

@@ -283,7 +283,7 @@ class ResumableBatchOperator(BaseOperator):
         total = f"/{progress.items_total}" if progress.items_total is not None else ""
         rate = progress.items_done / progress.elapsed if progress.elapsed > 0 else 0.0
         self.log.info(
-            "Progress: %d%s items, %d steps executed, %d skipped, %d held, %.0f items/s",
+            "Progress: %d%s items done, %d steps executed, %d skipped, %d held, %.0f items/s",
             progress.items_done, total, progress.executed_steps, progress.skipped_steps, progress.held, rate,
         )
 

@@ -151,21 +151,11 @@ def _journal(*, readonly: bool = True) -> Iterator[StepJournal | None]:
         yield journal
 
 
-def _status(job: JobSummary) -> str:
-    if job.pruned_at is not None:
-        return "pruned"
-    if job.held:
-        return "needs_review"
-    if job.unresolved or job.counts.get("FAILED", 0):
-        return "incomplete"
-    return "completed"
-
-
 def _job_dict(job: JobSummary) -> dict[str, Any]:
     total = sum(job.counts.values())
     return {
         "job_id": job.job_id,
-        "status": _status(job),
+        "status": job.status,
         "counts": dict(job.counts),
         "steps_journaled": total,
         "steps_succeeded": job.counts.get("SUCCEEDED", 0),
@@ -189,6 +179,8 @@ def _row_dict(row: StepRecord) -> dict[str, Any]:
         "attempts": row.attempts,
         "error_type": row.error_type,
         "receipt": row.receipt,
+        # What to ask the receiver about (side-effect steps only).
+        "idempotency_key": idempotency_key(row.job_id, row.item_id, row.step) if row.side_effect else None,
         "updated_at": row.updated_at.isoformat(),
     }
 
