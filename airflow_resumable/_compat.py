@@ -10,6 +10,7 @@ README says, never by failing a task:
   class there, 3.1 ``airflow.stats.Stats``.
 * config: ``airflow.sdk.conf`` (3.2+), ``airflow.configuration.conf`` (3.1).
 * the API server's ``get_user`` takes the OAuth token as ``_oauth_token`` (3.3) or ``oauth_token``.
+* ``AirflowFailException`` (fail without retrying): ``airflow.sdk.exceptions`` (3.2+), ``airflow.exceptions`` (3.1).
 """
 
 from __future__ import annotations
@@ -58,6 +59,15 @@ def stats_incr(name: str, count: int, tags: dict[str, str]) -> None:
             from airflow.stats import Stats  # 3.1
         incr = Stats.incr
     incr(name, count=count, tags=tags)
+
+
+def airflow_fail_exception() -> type[Exception]:
+    """The exception that fails a task without spending its remaining retries."""
+    try:
+        from airflow.sdk.exceptions import AirflowFailException  # 3.2+
+    except ImportError:
+        from airflow.exceptions import AirflowFailException  # 3.1
+    return AirflowFailException  # type: ignore[no-any-return]
 
 
 async def get_user(request: Any, bearer_credentials: Any) -> Any:

@@ -3,7 +3,8 @@
 Pure Python (the journal core imports it). Under it: the journal's errors (``JournalError`` and its
 subclasses), ``InvalidItemError`` (a bad item, nothing sent), ``JournalConfigError`` (where the journal
 is configured), ``ReceiverError`` (the HTTP receiver answered an error), ``ResolutionRefused`` (the
-resolve DAG), ``WrongWorkerError`` and ``HeldItemsError`` (the batch operator; also AirflowExceptions).
+resolve DAG), ``WrongWorkerError`` and ``HeldItemsError`` with ``HeldItemsNeedAHumanError`` (the batch
+operator; also AirflowExceptions).
 """
 
 from __future__ import annotations

@@ -117,8 +117,10 @@ def test_hold_fails_the_task_then_resolve_dag_and_clear_send_item_41_once(airflo
     assert airflow.dags_test("article_hold").returncode != 0
     log = output(airflow)
     run_id = airflow.last_run_id("article_hold")
+    # Try 1 failed at item 41, try 2 held it; no verify: tries 3 and 4 would change nothing and are not spent.
     assert airflow.task_states("article_hold") == {("send", -1): ("failed", 2)}
     assert "item-041 / notify_external: unknown_outcome" in log and "resolve_held_item" in log
+    assert "HeldItemsNeedAHumanError" in log and "without using the remaining retries" in log
     counts = receiver(airflow).counts()
     assert "item-041" not in counts and len(counts) == 49 and set(counts.values()) == {1}
     job_id = f"article_hold/send/{run_id}"
@@ -304,3 +306,28 @@ def test_provider_is_registered_with_its_config_section(airflow):
     value = airflow.run("config", "get-value", "resumable", "durability", check=True).stdout.strip()
     assert value.splitlines()[-1] == "full"
     assert json.loads(providers[providers.index("["):])  # valid JSON listing
+
+
+def test_only_a_hold_that_verify_may_settle_is_worth_a_retry():
+    from airflow_resumable._compat import airflow_fail_exception
+    from airflow_resumable.journal import HeldReason, HeldStep
+    from airflow_resumable.operators.resumable_batch import HeldItemsError, HeldItemsNeedAHumanError
+    from airflow_resumable.runner import BatchResult
+
+    def op(verify):
+        from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+
+        return ResumableBatchOperator(task_id="t", items=[], notify=lambda i, c: "r", verify=verify)
+
+    def result(*reasons):
+        return BatchResult("j", "needs_review", held=[HeldStep("j", f"i{n}", "notify", r) for n, r in enumerate(reasons)])
+
+    unknown, changed = HeldReason.UNKNOWN_OUTCOME, HeldReason.INPUT_CHANGED
+    assert op(lambda c: None)._retry_can_help(result(unknown))  # the receiver may record late
+    assert op(lambda c: None)._retry_can_help(result(changed, unknown))
+    assert not op(lambda c: None)._retry_can_help(result(changed))  # only a human settles changed input
+    assert not op(None)._retry_can_help(result(unknown))  # no verify: a retry would hold it again
+    # A retry-less failure is still a HeldItemsError (callers catching it keep working).
+    assert issubclass(HeldItemsNeedAHumanError, HeldItemsError)
+    assert issubclass(HeldItemsNeedAHumanError, airflow_fail_exception())
+    assert not issubclass(HeldItemsError, airflow_fail_exception())

@@ -122,7 +122,7 @@ def run_to_success(celery: CeleryDeployment, dag_id: str, run_id: str, after_try
         if ti["state"] == "success":
             return ti
         log = celery.task_log(dag_id, run_id, "send", ti["try_number"])
-        assert "HeldItemsError" in log and "WrongWorkerError" not in log, log[-3000:]
+        assert "HeldItems" in log and "WrongWorkerError" not in log, log[-3000:]  # HeldItems(NeedAHuman)Error
         assert settle_held(celery, job_id, *where) >= 1
         celery.clear(dag_id, run_id, "send")
         after_try = ti["try_number"]

@@ -23,9 +23,10 @@ from airflow_resumable._airflow import (
     default_job_id,
     journal_target,
 )
+from airflow_resumable._compat import airflow_fail_exception
 from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.errors import ResumableError
-from airflow_resumable.journal import StepJournal
+from airflow_resumable.journal import HeldReason, StepJournal
 from airflow_resumable.links import ResumableJobLink
 from airflow_resumable.runner import BatchProgress, BatchResult, Step, check_concurrency, run_batch
 
@@ -42,7 +43,13 @@ class WrongWorkerError(ResumableError, AirflowException):
 
 
 class HeldItemsError(ResumableError, AirflowException):
-    """Items were held for a human; everything else was processed."""
+    """Items were held for a human; everything else was processed. A retry may settle some of them
+    (a step with ``verify`` asks the receiver again)."""
+
+
+class HeldItemsNeedAHumanError(HeldItemsError, airflow_fail_exception()):  # type: ignore[misc]
+    """Items were held that no retry can settle (no ``verify`` on their step, or changed input): the
+    task fails without spending its remaining retries. Resolve them, then Clear the task."""
 
 
 class ResumableBatchOperator(BaseOperator):
@@ -220,7 +227,10 @@ class ResumableBatchOperator(BaseOperator):
         # Metrics (issue 6): before a held-items failure, so held counts are reported too.
         emit_batch_metrics(result, dag_id=context["ti"].dag_id, task_id=context["ti"].task_id)
         if result.held and self.on_held == "fail":
-            raise HeldItemsError(_held_message(result))
+            if self._retry_can_help(result):
+                raise HeldItemsError(_held_message(result))
+            raise HeldItemsNeedAHumanError(_held_message(result) + "\nNo retry can settle these (their steps have "
+                                           "no verify), so this try fails without using the remaining retries.")
         return summary
 
     def _guard_worker(self, context: Context, journal: StepJournal, job_id: str, hostname: str) -> None:
@@ -277,6 +287,12 @@ class ResumableBatchOperator(BaseOperator):
                 store.set(STATE_STORE_KEY, here)
             else:
                 store.set(STATE_STORE_KEY, here, retention=NEVER_EXPIRE)
+
+    def _retry_can_help(self, result: BatchResult) -> bool:
+        """A retry asks ``verify`` again about unknown-outcome sends (a receiver may record late); nothing
+        else held changes without a human."""
+        with_verify = {step.name for step in self.steps if step.side_effect and step.verify is not None}
+        return any(h.reason == HeldReason.UNKNOWN_OUTCOME and h.step in with_verify for h in result.held)
 
     def _log_progress(self, progress: BatchProgress) -> None:
         self._last_progress = progress

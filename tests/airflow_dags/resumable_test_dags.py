@@ -20,7 +20,8 @@ with DAG("article_verify", schedule=None, start_date=start, default_args=default
 with DAG("article_concurrent", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True), concurrency=8)
 
-with DAG("article_hold", schedule=None, start_date=start, default_args=defaults, catchup=False):
+# Three retries, but a hold with no verify fails at once: no retry can settle it.
+with DAG("article_hold", schedule=None, start_date=start, default_args={**defaults, "retries": 3}, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False))
 
 with DAG("article_shorthand", schedule=None, start_date=start, default_args=defaults, catchup=False):
