@@ -26,6 +26,7 @@ __all__ = [
     "HeldStep",
     "InvalidItemError",
     "InvalidStepOutputError",
+    "NOT_DELIVERED",
     "Step",
     "StepContext",
     "canonical_digest",
@@ -38,6 +39,8 @@ log = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 64 * 1024
 MAX_ID_LENGTH = 1024
+# resolved_by of the audit rows the runner writes when verify settles a send by itself.
+VERIFY_RESOLVER = "verify"
 # Items validated and looked up together: one journal query per chunk, not one per step.
 CHUNK_SIZE = 500
 
@@ -92,8 +95,31 @@ class StepContext:
         return f"StepContext(job_id={self.job_id!r}, item_id={self.item_id!r}, step={self.step!r})"
 
 
+class _NotDelivered:
+    """The type of :data:`NOT_DELIVERED` (one instance)."""
+
+    _instance: _NotDelivered | None = None
+
+    def __new__(cls) -> _NotDelivered:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_DELIVERED"
+
+    def __reduce__(self) -> str:
+        return "NOT_DELIVERED"
+
+
+NOT_DELIVERED = _NotDelivered()
+"""What ``verify`` returns when the receiver *affirms* it has no record of ``ctx.idempotency_key``
+(not merely "cannot tell"): the send is made now, once, and the settlement is audited (resolved_by
+``verify``). Return it only if the receiver's look-up is authoritative: one that records
+asynchronously may not know yet of a send it already has."""
+
 StepFn = Callable[[Mapping[str, Any], StepContext], Any]
-VerifyFn = Callable[[StepContext], "str | None"]
+VerifyFn = Callable[[StepContext], "str | _NotDelivered | None"]
 
 
 @dataclass(frozen=True)
@@ -106,7 +132,8 @@ class Step:
     :param side_effect: True when the step reaches outside (sends, pays, mails). Such a step found
         ``IN_FLIGHT`` or ``FAILED`` is never re-run blindly: it is verified or held.
     :param verify: ``verify(ctx)`` returns the receiver's receipt for ``ctx.idempotency_key`` if it
-        has one, else None. Side-effect steps only.
+        has one (never sent again), :data:`NOT_DELIVERED` if the receiver affirms it has no record of
+        it (sent now, once), else None: cannot tell (held for a human). Side-effect steps only.
     """
 
     name: str
@@ -147,6 +174,7 @@ class BatchResult:
     executed_steps: int = 0
     skipped_steps: int = 0
     verified_steps: int = 0  # side-effect steps found by verify (counted in skipped_steps too)
+    resent_steps: int = 0  # sends verify found NOT_DELIVERED, made again once (counted in executed_steps too)
     held: list[HeldStep] = field(default_factory=list)
     items_total: int = 0
     items_completed: int = 0
@@ -372,6 +400,19 @@ class _Batch:
             ctx = StepContext._from_journal(job_id, p.item_id, step.name, p.digest, outputs)
             if action == VERIFY:
                 receipt = self._verify(step, ctx)
+                if isinstance(receipt, _NotDelivered):
+                    assert row is not None
+                    # The receiver affirms it never got this key: the send is made now, once. The
+                    # audit row commits with the send's IN_FLIGHT mark, before the send.
+                    self.run.audit(p.item_id, step.name, "not_delivered", resolved_by=VERIFY_RESOLVER,
+                                   note="the receiver's look-up has no record of this key; sent again once",
+                                   previous_status=row.status.value,
+                                   previous_held_reason=row.held_reason.value if row.held_reason else None)
+                    log.info("item %s: %s not delivered per the receiver; sending it once", p.item_id, step.name)
+                    outputs[step.name] = yield _Send(step, p, ctx)
+                    result.executed_steps += 1
+                    result.resent_steps += 1
+                    continue
                 if receipt is None:
                     assert row is not None
                     if row.held_reason != HeldReason.UNKNOWN_OUTCOME:
@@ -427,7 +468,7 @@ class _Batch:
         log.warning("item %s: step %s failed with %s", p.item_id, step.name, type(exc).__name__)
 
     @staticmethod
-    def _verify(step: Step, ctx: StepContext) -> str | None:
+    def _verify(step: Step, ctx: StepContext) -> str | _NotDelivered | None:
         if step.verify is None:
             return None
         try:
@@ -435,8 +476,8 @@ class _Batch:
         except Exception as exc:
             log.warning("item %s: verify of %s raised %s; holding it", ctx.item_id, step.name, type(exc).__name__)
             return None
-        if receipt is None:
-            return None
+        if receipt is None or receipt is NOT_DELIVERED:
+            return receipt
         receipt = receipt if isinstance(receipt, str) else json.dumps(receipt)
         return receipt if receipt.strip() else None
 
@@ -699,12 +740,14 @@ def run_batch(
 
 def verify_held(
     journal: StepJournal, job_id: str, verify: VerifyFn, *, step: str | None = None,
-    resolved_by: str = "verify",
+    resolved_by: str = VERIFY_RESOLVER,
 ) -> list[HeldStep]:
     """Ask the receiver again about the job's unknown-outcome sends.
 
     Each one the receiver has a receipt for is marked SUCCEEDED (recorded in the audit log as a
-    ``delivered`` resolution by ``resolved_by``). Returns the steps that were settled this way.
+    ``delivered`` resolution by ``resolved_by``); each one it affirms it never got
+    (:data:`NOT_DELIVERED`) is resolved ``not_delivered``, so the next run sends it once. Returns
+    the steps that were settled either way.
     """
     settled: list[HeldStep] = []
     for row in journal.open_rows(job_id):
@@ -716,8 +759,13 @@ def verify_held(
         ctx = StepContext(job_id, row.item_id, row.step, row.digest,
                           idempotency_key(job_id, row.item_id, row.step), outputs)
         receipt = _Batch._verify(Step(row.step, lambda item, c: None, side_effect=True, verify=verify), ctx)
-        if receipt is not None:
+        if receipt is None:
+            continue
+        if isinstance(receipt, _NotDelivered):
+            journal.resolve(job_id, row.item_id, row.step, delivered=False, resolved_by=resolved_by,
+                            note="the receiver's look-up has no record of this key; the next run sends it once")
+        else:
             journal.resolve(job_id, row.item_id, row.step, delivered=True, receipt=receipt,
                             resolved_by=resolved_by, note="the receiver's look-up found a receipt")
-            settled.append(HeldStep(job_id, row.item_id, row.step, HeldReason.UNKNOWN_OUTCOME))
+        settled.append(HeldStep(job_id, row.item_id, row.step, HeldReason.UNKNOWN_OUTCOME))
     return settled

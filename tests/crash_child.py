@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from airflow_resumable.journal import JobBusyError, JobRun, StepJournal  # noqa: E402
-from airflow_resumable.runner import Step, run_batch  # noqa: E402
+from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch  # noqa: E402
 from tests.receivers import DurableReceiver  # noqa: E402
 
 BOUNDARIES = ("local", "before_send", "after_accept", "after_reply")
@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pause-item")
     parser.add_argument("--marker")
     parser.add_argument("--release")
+    parser.add_argument("--verify", choices=("none", "three_way"), default="none",
+                        help="three_way: the receiver's look-up answers the receipt or NOT_DELIVERED (it is "
+                             "authoritative: deliveries are committed before the receipt is returned)")
     parser.add_argument("--step-ms", type=float, nargs=2, default=(0.0, 0.0),
                         metavar=("MIN", "MAX"), help="each step sleeps uniformly this many ms")
     args = parser.parse_args(argv)
@@ -110,10 +113,14 @@ def main(argv: list[str] | None = None) -> int:
 
     JobRun.mark_succeeded = mark_succeeded  # type: ignore[method-assign]
 
+    def verify(ctx):
+        return receiver.lookup(ctx.idempotency_key) or NOT_DELIVERED
+
     steps = [
         Step("validate", validate),
         Step("transform", transform),
-        Step("notify_external", notify_external, side_effect=True),
+        Step("notify_external", notify_external, side_effect=True,
+             verify=verify if args.verify == "three_way" else None),
     ]
 
     def run_job(journal: StepJournal, job: str) -> dict:
@@ -131,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             "held": [[h.item_id, h.step, h.reason.value] for h in result.held],
             "items_total": result.items_total,
             "items_completed": result.items_completed,
+            "verified": result.verified_steps,
+            "resent": result.resent_steps,
         }
 
     others: dict[str, dict] = {}
@@ -174,7 +183,7 @@ class ChildRun:
         self, tmp: Path, journal: Path, receiver: Path, job: str, *, durability: str = "full",
         pause_at: str | None = None, pause_item: str | None = None, release: Path | None = None,
         step_ms: tuple[float, float] = (0.0, 0.0), n_items: int = 30, concurrency: int = 1,
-        also_jobs: tuple[str, ...] = (),
+        also_jobs: tuple[str, ...] = (), verify: str = "none",
     ) -> None:
         import subprocess
         import uuid
@@ -184,7 +193,7 @@ class ChildRun:
             sys.executable, str(Path(__file__).resolve()), "--journal", str(journal), "--receiver",
             str(receiver), "--job", job, "--durability", durability, "--items", str(n_items),
             "--marker", str(self.marker), "--step-ms", str(step_ms[0]), str(step_ms[1]),
-            "--concurrency", str(concurrency),
+            "--concurrency", str(concurrency), "--verify", verify,
         ]
         if pause_at:
             cmd += ["--pause-at", pause_at, "--pause-item", str(pause_item)]

@@ -287,3 +287,54 @@ def test_sigkill_at_random_moments(tmp_path, concurrency, new_journal):
     )
     # ... and some of them inside a send, on both sides of the receiver's accept.
     assert min(windows.values()) >= 1, f"no kill caught a send on one side of the accept: {windows}"
+
+
+# ------------------------------------------------------------- a verify with three answers
+
+
+def check_settled_by_verify(s: Setup, context: str, in_flight: dict[str, bool]) -> None:
+    """Resume once: the run settles every send that was in flight by itself - no hold, nothing sent
+    twice - and audits each NOT_DELIVERED re-send (resolved_by verify), in item order."""
+    code, summary, err = s.child(verify="three_way").finish()
+    assert code == EXIT_COMPLETED, f"{context}: exit {code}: {summary}\n{err}"
+    assert summary["held"] == [], context
+    not_delivered = sorted(i for i, got in in_flight.items() if not got)
+    assert (summary["resent"], summary["verified"]) == (len(not_delivered), len(in_flight) - len(not_delivered))
+    with s.open_journal() as journal:
+        audit = journal.resolutions(JOB)
+    assert all(a.resolved_by == "verify" and a.previous_status == "IN_FLIGHT" for a in audit), audit
+    check_complete(s, context, [(i, "not_delivered") for i in not_delivered])
+
+
+@pytest.mark.parametrize("boundary", ["before_send", "after_accept"])
+def test_sigkill_at_16_in_flight_then_three_way_verify_settles_every_send(tmp_path, boundary, new_journal):
+    """Issue 11, acceptance 2: a SIGKILL with 16 sends in flight; the resumed run asks the receiver
+    about each (receipt -> done, NOT_DELIVERED -> sent once now): zero holds, zero duplicates."""
+    s = Setup(tmp_path, "full", 16, new_journal)
+    child = s.child(pause_at=boundary, pause_item=KILL_ITEM, step_ms=(1.0, 3.0), verify="three_way")
+    child.wait_ready()
+    assert child.kill()
+    context = f"three-way verify, kill at {boundary}"
+    check_safe_after_kill(s, context)
+    in_flight = in_flight_sends(s)
+    assert KILL_ITEM in in_flight and in_flight[KILL_ITEM] == (boundary == "after_accept"), in_flight
+    check_settled_by_verify(s, context, in_flight)
+
+
+def test_sigkill_at_random_moments_then_three_way_verify_settles_every_send(tmp_path, new_journal):
+    seed = int(os.environ.get("CRASH_MATRIX_SEED", random.SystemRandom().randrange(2**32)))
+    print(f"crash matrix seed: {seed} (rerun with CRASH_MATRIX_SEED={seed})")
+    rng = random.Random(seed)
+    caught = 0
+    for trial in range(6):
+        s = Setup(tmp_path / f"trial-{trial}", "full", 16, new_journal)
+        child = s.child(step_ms=(1.0, 3.0), verify="three_way")
+        child.wait_ready()
+        time.sleep(rng.uniform(0.04, 0.2))
+        child.kill()
+        context = f"seed {seed} trial {trial}"
+        check_safe_after_kill(s, context)
+        in_flight = in_flight_sends(s)
+        caught += bool(in_flight)
+        check_settled_by_verify(s, context, in_flight)
+    assert caught >= 1, "no kill caught a send in flight"

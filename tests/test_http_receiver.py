@@ -96,3 +96,42 @@ def test_http_notifier_verifies_a_lost_reply_by_key_and_never_resends(receiver_f
     stats = server.store.stats()
     # With dedupe off, the receiver would count any re-send: the journal alone prevents them.
     assert stats["duplicates"] == 0 and stats["items"] == 50
+
+
+@pytest.mark.parametrize("extra", [{"lookup_authoritative": True}, {"lookup_authoritative": "true"}, {}])
+def test_http_verify_answers_not_delivered_only_for_an_authoritative_lookup(receiver_factory, monkeypatch, tmp_path,
+                                                                            extra):
+    """A send refused before the receiver accepted it: with an authoritative look-up (the connection's
+    extra says so) the retry sends it once; without, it is held as before."""
+    from airflow_resumable.notifiers.http import HttpReceiver
+
+    server, url = receiver_factory(dedupe=False)
+    monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url, "extra": extra}))
+    http = HttpReceiver("receiver", timeout=5)
+    items = [{"id": f"item-{i:03d}"} for i in range(1, 11)]
+    steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
+    server.store.arm("item-004", "before_accept")
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(Exception):
+            run_batch(journal, "job", items, steps)
+        second = run_batch(journal, "job", items, steps)
+        if extra:
+            assert (second.held, second.resent_steps) == ([], 1)
+            (audit,) = journal.resolutions("job")
+            assert (audit.item_id, audit.decision, audit.resolved_by) == ("item-004", "not_delivered", "verify")
+        else:
+            assert [h.item_id for h in second.held] == ["item-004"] and second.resent_steps == 0
+    stats = server.store.stats()
+    assert stats["duplicates"] == 0 and stats["items"] == (10 if extra else 9)
+
+
+def test_lookup_authoritative_must_be_a_boolean(monkeypatch):
+    from airflow_resumable.notifiers.http import HttpReceiver
+
+    with pytest.raises(ValueError, match="lookup_authoritative"):
+        HttpReceiver("receiver", lookup_authoritative="yes")
+    monkeypatch.setenv("AIRFLOW_CONN_ODD", json.dumps({"conn_type": "http", "host": "http://127.0.0.1:9",
+                                                       "extra": {"lookup_authoritative": "maybe"}}))
+    with pytest.raises(ValueError, match="extra lookup_authoritative must be true or false"):
+        HttpReceiver("odd").lookup_authoritative
+    assert HttpReceiver("odd", lookup_authoritative=True).lookup_authoritative is True

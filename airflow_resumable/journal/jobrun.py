@@ -205,6 +205,15 @@ class JobRun:
         )
         self.flush(durable=False)
 
+    def audit(
+        self, item_id: str, step: str, decision: str, *, resolved_by: str, note: str,
+        previous_status: str | None, previous_held_reason: str | None,
+    ) -> None:
+        """Buffer an audit row for a settlement the runner made itself (verify answered NOT_DELIVERED);
+        it is committed with the next flush - the durable one of the send's IN_FLIGHT mark."""
+        self._pending.append((sql.AUDIT, (self.job_id, item_id, step, decision, None, note, resolved_by,
+                                          time.time(), previous_status, previous_held_reason)))
+
     def hold(self, item_id: str, step: str, reason: HeldReason, *, new_digest: str | None = None) -> None:
         self._pending.append((sql.HOLD, (reason.value, new_digest, time.time(), self.job_id, item_id, step)))
         self._maybe_flush()

@@ -19,7 +19,11 @@ from typing import Any
 from airflow.providers.http.hooks.http import HttpHook
 
 from airflow_resumable.errors import ResumableError
-from airflow_resumable.runner import StepContext
+from airflow_resumable.runner import NOT_DELIVERED, StepContext, _NotDelivered
+
+# Our settings in the connection's extra. HttpHook sends every other extra field as a request header;
+# a header set to None is dropped when requests merges the session's headers into the request's.
+_NOT_HEADERS: dict[str, Any] = {"lookup_authoritative": None}
 
 
 class ReceiverError(ResumableError):
@@ -42,6 +46,11 @@ class HttpReceiver:
     :param payload: ``payload(item, ctx)`` -> JSON body; default: the item plus its id and step.
     :param receipt_field: field of the JSON reply holding the receipt.
     :param timeout: seconds for connect + read.
+    :param lookup_authoritative: the receiver records a delivery before it answers it, so a 404 from
+        the look-up means "never got it": ``verify`` then answers ``NOT_DELIVERED`` and the runner
+        sends once now instead of holding. Default: the connection's extra ``lookup_authoritative``
+        (``true``/``false``), else False - many receivers record asynchronously, and for them a 404
+        only means "cannot tell".
     """
 
     def __init__(
@@ -53,7 +62,11 @@ class HttpReceiver:
         payload: Callable[[Mapping[str, Any], StepContext], Any] | None = None,
         receipt_field: str = "receipt",
         timeout: float = 10.0,
+        lookup_authoritative: bool | None = None,
     ) -> None:
+        if lookup_authoritative is not None and not isinstance(lookup_authoritative, bool):
+            raise ValueError("lookup_authoritative must be True, False or None (None: the connection's extra)")
+        self._lookup_authoritative = lookup_authoritative
         self.http_conn_id = http_conn_id
         self.endpoint = endpoint
         self.lookup_endpoint = lookup_endpoint
@@ -74,20 +87,34 @@ class HttpReceiver:
         response = self._post.run(
             self.endpoint,
             json=body,
-            headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json"},
+            headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json", **_NOT_HEADERS},
             extra_options={"timeout": self.timeout, "check_response": False},
         )
         if response.status_code >= 400:
             raise ReceiverError(response.status_code)
         return str(response.json()[self.receipt_field])
 
-    def verify(self, ctx: StepContext) -> str | None:
+    @cached_property
+    def lookup_authoritative(self) -> bool:
+        """Whether a 404 from the look-up means the receiver never got the key (see the class)."""
+        if self._lookup_authoritative is not None:
+            return self._lookup_authoritative
+        value = self._get.get_connection(self.http_conn_id).extra_dejson.get("lookup_authoritative", False)
+        if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        if not isinstance(value, bool):
+            raise ValueError(f"connection {self.http_conn_id!r}: extra lookup_authoritative must be true or false")
+        return value
+
+    def verify(self, ctx: StepContext) -> str | _NotDelivered | None:
         response = self._get.run(
             self.lookup_endpoint.format(key=ctx.idempotency_key),
+            headers=_NOT_HEADERS,
             extra_options={"timeout": self.timeout, "check_response": False},
         )
         if response.status_code == 404:
-            return None
+            # Authoritative: never got it, send once now. Otherwise: cannot tell, hold.
+            return NOT_DELIVERED if self.lookup_authoritative else None
         if response.status_code >= 400:
             raise ReceiverError(response.status_code)  # the runner holds the step: unknown outcome
         receipt = response.json().get(self.receipt_field)

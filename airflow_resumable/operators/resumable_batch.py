@@ -305,9 +305,10 @@ class ResumableBatchOperator(BaseOperator):
 
     def _report(self, result: BatchResult) -> None:
         self.log.info(
-            "Job %s %s: %d items (%d completed), %d steps executed, %d skipped (%d verified), %d held",
-            result.job_id, result.status, result.items_total, result.items_completed,
-            result.executed_steps, result.skipped_steps, result.verified_steps, len(result.held),
+            "Job %s %s: %d items (%d completed), %d steps executed (%d re-sent: not delivered per verify), "
+            "%d skipped (%d verified), %d held",
+            result.job_id, result.status, result.items_total, result.items_completed, result.executed_steps,
+            result.resent_steps, result.skipped_steps, result.verified_steps, len(result.held),
         )
         for held in result.held[:HELD_IN_MESSAGE]:
             self.log.warning("HELD %s / %s: %s", held.item_id, held.step, held.reason.value)
@@ -341,6 +342,7 @@ def _summary(result: BatchResult, journal: StepJournal, hostname: str) -> dict[s
         "executed_steps": result.executed_steps,
         "skipped_steps": result.skipped_steps,
         "verified_steps": result.verified_steps,
+        "resent_steps": result.resent_steps,  # verify answered NOT_DELIVERED: sent once more
         "held_count": len(result.held),
         "held": [
             {"item_id": h.item_id, "step": h.step, "reason": h.reason.value} for h in result.held[:HELD_IN_SUMMARY]
