@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, is_dataclass
 from datetime import datetime, timedelta
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from airflow_resumable._time import DURATION_HELP, DurationError, parse_duration, when
@@ -123,13 +124,15 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("--held", action="store_true", help="only held rows")
     held = add("held", help="held steps (of one job or all)")
     held.add_argument("job_id", nargs="?")
-    resolve = add("resolve", help="settle an unknown-outcome send")
-    resolve.add_argument("job_id")
-    resolve.add_argument("item_id")
-    resolve.add_argument("step")
-    decision = resolve.add_mutually_exclusive_group(required=True)
+    resolve = add("resolve", help="settle an unknown-outcome send (or many: --file)")
+    resolve.add_argument("job_id", nargs="?")
+    resolve.add_argument("item_id", nargs="?")
+    resolve.add_argument("step", nargs="?")
+    decision = resolve.add_mutually_exclusive_group()
     decision.add_argument("--delivered", action="store_true", help="the receiver has it (give --receipt)")
     decision.add_argument("--not-delivered", action="store_true", help="the receiver confirmed it never arrived")
+    decision.add_argument("--file", help="many decisions at once, all or nothing: a JSON list of {job_id, item_id, "
+                                         "step, decision, receipt, note} or a CSV with those columns ('-': stdin)")
     resolve.add_argument("--receipt")
     resolve.add_argument("--note", default="")
     resolve.add_argument("--resolved-by", default=None, help="default: your OS user")
@@ -169,7 +172,37 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             setattr(args, name, value)
     if args.journal is not None and args.conn_id is not None:
         build_parser().error("argument --conn-id: not allowed with argument --journal")
+    if args.command == "resolve":
+        if args.file:
+            if args.job_id or args.receipt or args.note:
+                build_parser().error("resolve --file takes the decisions from the file only (no job, item, step, "
+                                     "--receipt or --note)")
+            args.entries = _read_entries(args.file)
+        elif not (args.job_id and args.item_id and args.step) or not (args.delivered or args.not_delivered):
+            build_parser().error("resolve needs JOB ITEM STEP and --delivered or --not-delivered (or --file)")
     return args
+
+
+def _read_entries(name: str) -> list[Any]:
+    """The decisions of ``resolve --file``: a JSON list, or a CSV whose header names the fields."""
+    try:
+        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        build_parser().error(f"--file {name}: cannot read it ({type(exc).__name__})")
+    if text.lstrip().startswith(("[", "{")):
+        try:
+            entries = json.loads(text)
+        except json.JSONDecodeError as exc:
+            build_parser().error(f"--file {name}: not valid JSON (line {exc.lineno}): expected a list of decisions")
+        if not isinstance(entries, list):
+            build_parser().error(f"--file {name}: expected a JSON list of decisions")
+        return entries
+    rows = list(csv.DictReader(io.StringIO(text)))
+    for n, row in enumerate(rows, 2):
+        if None in row:
+            build_parser().error(f"--file {name}: line {n} has more cells than the header names")
+    # An empty cell is an absent field.
+    return [{k: v for k, v in row.items() if v not in (None, "")} for row in rows]
 
 
 def _open(args: argparse.Namespace) -> StepJournal:
@@ -224,6 +257,9 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step)
                  if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in journal.held(args.job_id)]
         _emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "idempotency_key"])
+    elif args.command == "resolve" and args.file:
+        resolutions = journal.apply_decisions(args.entries, resolved_by=who)
+        _emit(out, args.json, resolutions, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
     elif args.command == "resolve":
         resolution = journal.resolve(args.job_id, args.item_id, args.step, delivered=args.delivered,
                                      receipt=args.receipt, resolved_by=who, note=args.note)

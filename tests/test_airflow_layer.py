@@ -331,3 +331,24 @@ def test_only_a_hold_that_verify_may_settle_is_worth_a_retry():
     assert issubclass(HeldItemsNeedAHumanError, HeldItemsError)
     assert issubclass(HeldItemsNeedAHumanError, airflow_fail_exception())
     assert not issubclass(HeldItemsError, airflow_fail_exception())
+
+
+def test_resolve_dag_settles_fifteen_held_items_in_one_run_all_or_nothing(airflow):
+    from tests.test_bulk_resolution import JOB, decisions, held_15
+
+    airflow.journal.parent.mkdir(parents=True, exist_ok=True)
+    with StepJournal(airflow.journal) as journal:
+        held_15(journal)
+    bad = decisions()
+    bad[6]["item_id"] = "item-99"
+    before = journal_snapshot(airflow.journal)
+    assert airflow.dags_test("resolve_held_item", {"resolutions": bad}).returncode != 0
+    assert "entry 7: job 'bulk/job' has no item 'item-99'" in output(airflow)
+    assert journal_snapshot(airflow.journal) == before  # one bad entry: nothing changed
+
+    result = airflow.dags_test("resolve_held_item", {"resolutions": decisions()})
+    assert result.returncode == 0, output(airflow)
+    with StepJournal(airflow.journal) as journal:
+        audit = journal.resolutions(JOB)
+        assert journal.held(JOB) == [] and len(audit) == 15 and {a.resolved_by for a in audit} == {"dag_test"}
+    assert airflow.xcom("resolve_held_item", "resolve")["count"] == 15

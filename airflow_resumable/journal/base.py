@@ -6,7 +6,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -20,6 +20,8 @@ from airflow_resumable.journal.errors import (
 )
 from airflow_resumable.journal.records import (
     DECISIONS,
+    ENTRY_FIELDS,
+    MAX_DECISIONS,
     HeldReason,
     HeldStep,
     JobSummary,
@@ -243,6 +245,13 @@ class StepJournal:
         is cleared and the next run sends it once. If you cannot confirm either, do not call this.
         """
         self._check_person(resolved_by, note)
+        self._check_outcome(delivered, receipt)
+        self._check_names(job_id, item_id, step)
+        with self._quiet_job(job_id), self._write(durable=True) as tx:
+            return self._settle_outcome(tx, job_id, item_id, step, delivered, receipt, resolved_by, note)
+
+    @staticmethod
+    def _check_outcome(delivered: object, receipt: object) -> None:
         if not isinstance(delivered, bool):
             raise ResolutionError("delivered must be True or False")
         if delivered and (not isinstance(receipt, str) or not receipt.strip()):
@@ -254,30 +263,32 @@ class StepJournal:
             raise ResolutionError("receipt must be a string")
         if receipt is not None and "\x00" in receipt:
             raise ResolutionError("receipt must not contain NUL characters")
-        self._check_names(job_id, item_id, step)
-        with self._quiet_job(job_id), self._write(durable=True) as tx:
-            found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
-            if found is None:
-                raise self._no_such_row(tx, job_id, item_id, step)
-            side_effect, status, held_reason = found
-            if not side_effect or status == Status.SUCCEEDED:
-                raise NotHeldError(
-                    f"{job_id} / {item_id} / {step} is {status}"
-                    f"{'' if side_effect else ' (a local step)'}, not an unknown-outcome send; "
-                    "there is nothing to resolve"
-                    + (" (for a changed input use resolve_input_change)" if held_reason else "")
-                )
-            now = time.time()
-            keep_reason = held_reason if held_reason == HeldReason.INPUT_CHANGED else None
-            if delivered:
-                tx.run(sql.RESOLVE_DELIVERED,
-                       (receipt, json.dumps(receipt), keep_reason, now, job_id, item_id, step))
-            else:
-                tx.run(sql.DELETE_STEP, (job_id, item_id, step))
-            return self._audit(
-                tx, job_id, item_id, step, "delivered" if delivered else "not_delivered",
-                receipt, note, resolved_by, now, status, held_reason,
+
+    def _settle_outcome(
+        self, tx: Tx, job_id: str, item_id: str, step: str, delivered: bool, receipt: str | None,
+        resolved_by: str, note: str,
+    ) -> Resolution:
+        found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
+        if found is None:
+            raise self._no_such_row(tx, job_id, item_id, step)
+        side_effect, status, held_reason = found
+        if not side_effect or status == Status.SUCCEEDED:
+            raise NotHeldError(
+                f"{job_id} / {item_id} / {step} is {status}"
+                f"{'' if side_effect else ' (a local step)'}, not an unknown-outcome send; "
+                "there is nothing to resolve"
+                + (" (for a changed input use resolve_input_change)" if held_reason else "")
             )
+        now = time.time()
+        keep_reason = held_reason if held_reason == HeldReason.INPUT_CHANGED else None
+        if delivered:
+            tx.run(sql.RESOLVE_DELIVERED, (receipt, json.dumps(receipt), keep_reason, now, job_id, item_id, step))
+        else:
+            tx.run(sql.DELETE_STEP, (job_id, item_id, step))
+        return self._audit(
+            tx, job_id, item_id, step, "delivered" if delivered else "not_delivered",
+            receipt, note, resolved_by, now, status, held_reason,
+        )
 
     def resolve_input_change(
         self, job_id: str, item_id: str, *, use_new_input: bool, resolved_by: str, note: str = ""
@@ -293,19 +304,24 @@ class StepJournal:
             raise ResolutionError("use_new_input must be True or False")
         self._check_names(job_id, item_id)
         with self._quiet_job(job_id), self._write(durable=True) as tx:
-            found = tx.one(sql.INPUT_CHANGE_HOLD, (job_id, item_id))
-            if found is None:
-                raise self._no_such_row(tx, job_id, item_id, None)
-            step, status, new_digest = found
-            now = time.time()
-            if use_new_input:
-                tx.run(sql.DELETE_ITEM, (job_id, item_id))
-            else:
-                tx.run(sql.KEEP_PREVIOUS_INPUT, (new_digest, now, job_id, item_id))
-            return self._audit(
-                tx, job_id, item_id, step, "use_new_input" if use_new_input else "keep_previous_input",
-                None, note, resolved_by, now, status, HeldReason.INPUT_CHANGED.value,
-            )
+            return self._settle_input_change(tx, job_id, item_id, use_new_input, resolved_by, note)
+
+    def _settle_input_change(
+        self, tx: Tx, job_id: str, item_id: str, use_new_input: bool, resolved_by: str, note: str,
+    ) -> Resolution:
+        found = tx.one(sql.INPUT_CHANGE_HOLD, (job_id, item_id))
+        if found is None:
+            raise self._no_such_row(tx, job_id, item_id, None)
+        step, status, new_digest = found
+        now = time.time()
+        if use_new_input:
+            tx.run(sql.DELETE_ITEM, (job_id, item_id))
+        else:
+            tx.run(sql.KEEP_PREVIOUS_INPUT, (new_digest, now, job_id, item_id))
+        return self._audit(
+            tx, job_id, item_id, step, "use_new_input" if use_new_input else "keep_previous_input",
+            None, note, resolved_by, now, status, HeldReason.INPUT_CHANGED.value,
+        )
 
     def apply_decision(
         self, job_id: str, item_id: str, step: str | None, decision: str, *, resolved_by: str,
@@ -314,15 +330,81 @@ class StepJournal:
         """One of :data:`DECISIONS` by name, as the resolve DAG, the UI page and the CLI take it:
         ``delivered`` (with ``receipt``) / ``not_delivered`` settle a send of unknown outcome (``step``
         required); ``keep_previous_input`` / ``use_new_input`` settle an item whose input changed."""
-        if decision not in DECISIONS:
-            raise ResolutionError(f"unknown decision {decision!r}; use one of {', '.join(DECISIONS)}")
-        if decision in ("delivered", "not_delivered"):
-            if not step:
-                raise ResolutionError("step is required for delivered / not_delivered")
-            return self.resolve(job_id, item_id, step, delivered=decision == "delivered", receipt=receipt or None,
-                                resolved_by=resolved_by, note=note)
-        return self.resolve_input_change(job_id, item_id, use_new_input=decision == "use_new_input",
-                                         resolved_by=resolved_by, note=note)
+        return self.apply_decisions(
+            [{"job_id": job_id, "item_id": item_id, "step": step, "decision": decision, "receipt": receipt,
+              "note": note}], resolved_by=resolved_by)[0]
+
+    def apply_decisions(self, entries: Sequence[Mapping[str, Any]], *, resolved_by: str) -> list[Resolution]:
+        """Several decisions at once, all or nothing: each entry is a mapping with ``job_id``,
+        ``item_id``, ``step`` (for ``delivered`` / ``not_delivered``), ``decision``, and optional
+        ``receipt`` and ``note``, as :meth:`apply_decision` takes them. Every entry is checked, then all
+        are applied in one transaction, each with its own audit row. If any entry is refused (a bad
+        field, a step that is not held, the same step twice, a job running right now), nothing
+        changes and the error names the entry (``entry 3: ...``)."""
+        if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Sequence):
+            raise ResolutionError("decisions must be a list of entries (mappings)")
+        if not entries:
+            raise ResolutionError("no decisions given: the list is empty")
+        if len(entries) > MAX_DECISIONS:
+            raise ResolutionError(f"{len(entries)} decisions in one call; at most {MAX_DECISIONS}, split the list")
+        single = len(entries) == 1  # one decision: its errors read as before, with no "entry 1:"
+        checked = [self._check_entry(0 if single else n, entry, resolved_by) for n, entry in enumerate(entries, 1)]
+        seen: dict[tuple[str, str, str | None], int] = {}
+        for n, (job_id, item_id, step, *_rest) in enumerate(checked, 1):
+            target = (job_id, item_id, step)
+            if target in seen:
+                raise ResolutionError(f"entry {n}: the same step as entry {seen[target]}; give one decision per step")
+            seen[target] = n
+        jobs = sorted({c[0] for c in checked})
+        with contextlib.ExitStack() as quiet:
+            for job_id in jobs:  # in one order, so two bulk calls never wait on each other crosswise
+                quiet.enter_context(self._quiet_job(job_id))
+            with self._write(durable=True) as tx:
+                done: list[Resolution] = []
+                for n, (job_id, item_id, step, decision, receipt, note) in enumerate(checked, 1):
+                    try:
+                        if decision in ("delivered", "not_delivered"):
+                            assert step is not None
+                            done.append(self._settle_outcome(tx, job_id, item_id, step, decision == "delivered",
+                                                             receipt, resolved_by, note))
+                        else:
+                            done.append(self._settle_input_change(tx, job_id, item_id, decision == "use_new_input",
+                                                                  resolved_by, note))
+                    except (ResolutionError, NotHeldError) as exc:
+                        if len(checked) == 1:
+                            raise
+                        raise type(exc)(f"entry {n}: {exc}; nothing was changed") from None
+                return done
+
+    def _check_entry(
+        self, n: int, entry: object, resolved_by: str,
+    ) -> tuple[str, str, str | None, str, str | None, str]:
+        """(job_id, item_id, step, decision, receipt, note) of one entry, or the refusal naming it."""
+        where = "" if n == 0 else f"entry {n}: "
+        try:
+            if not isinstance(entry, Mapping):
+                raise ResolutionError("expected a mapping with job_id, item_id, step, decision")
+            unknown = set(entry) - ENTRY_FIELDS
+            if unknown:
+                raise ResolutionError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
+                                      f"use {', '.join(sorted(ENTRY_FIELDS))}")
+            decision = entry.get("decision")
+            job_id, item_id, step = entry.get("job_id"), entry.get("item_id"), entry.get("step") or None
+            receipt, note = entry.get("receipt") or None, entry.get("note") or ""
+            if decision not in DECISIONS:
+                raise ResolutionError(f"unknown decision {decision!r}; use one of {', '.join(DECISIONS)}")
+            self._check_person(resolved_by, note)
+            if decision in ("delivered", "not_delivered"):
+                if not step:
+                    raise ResolutionError("step is required for delivered / not_delivered")
+                self._check_outcome(decision == "delivered", receipt)
+                self._check_names(job_id, item_id, step)
+            else:  # a changed input: about the item, whatever step or receipt came along
+                self._check_names(job_id, item_id)
+                step, receipt = None, None
+        except (ResolutionError, NotHeldError) as exc:
+            raise type(exc)(f"{where}{exc}") from None
+        return job_id, item_id, step, decision, receipt, note  # type: ignore[return-value]
 
     @contextlib.contextmanager
     def _quiet_job(self, job_id: str) -> Iterator[None]:

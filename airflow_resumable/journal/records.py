@@ -35,6 +35,9 @@ DECISIONS_BY_REASON = {
     HeldReason.INPUT_CHANGED: ("keep_previous_input", "use_new_input"),
 }
 DECISIONS = tuple(d for pair in DECISIONS_BY_REASON.values() for d in pair)
+# One entry of a bulk resolution (StepJournal.apply_decisions), and how many one call may carry.
+ENTRY_FIELDS = frozenset({"job_id", "item_id", "step", "decision", "receipt", "note"})
+MAX_DECISIONS = 10_000
 
 
 @dataclass(frozen=True)

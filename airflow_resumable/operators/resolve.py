@@ -12,6 +12,7 @@ from airflow.sdk import DAG, BaseOperator, Param
 from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_target
 from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import DECISIONS, JournalError
+from airflow_resumable.journal.records import ENTRY_FIELDS, MAX_DECISIONS
 from airflow_resumable.runner import MAX_ID_LENGTH
 
 if TYPE_CHECKING:
@@ -30,8 +31,10 @@ class ResolveOperator(BaseOperator):
 
     Conf: ``job_id``, ``item_id``, ``step``, ``decision`` (``delivered`` with ``receipt`` |
     ``not_delivered`` | ``keep_previous_input`` | ``use_new_input``), optional ``note``, and
-    ``resolved_by`` when Airflow does not know the triggering user. The journal comes from the
-    operator or the Airflow config, never from the conf.
+    ``resolved_by`` when Airflow does not know the triggering user. Or ``resolutions``: a list of such
+    decisions (without ``resolved_by``), settled all or nothing in one transaction, each with its own
+    audit row; returns ``{"resolved": [...], "count": n}``. The journal comes from the operator or the
+    Airflow config, never from the conf.
 
     :param journal_conn_id: an Airflow Postgres connection holding a shared journal; default
         ``[resumable] journal_conn_id``. Wins over ``journal_path``.
@@ -60,30 +63,35 @@ class ResolveOperator(BaseOperator):
         resolved_by = _triggering_user(context) or conf.get("resolved_by")
         if not resolved_by:
             raise ResolutionRefused("resolved_by is required: Airflow does not know who triggered this run")
-        job_dag = conf["job_id"].split("/", 1)[0]
-        if self.job_dag_ids is not None and job_dag not in self.job_dag_ids:
-            raise ResolutionRefused(
-                f"job {conf['job_id']!r} belongs to DAG {job_dag!r}, which this resolve DAG may not settle "
-                f"(job_dag_ids: {', '.join(sorted(self.job_dag_ids)) or 'none'}); the journal is unchanged"
-            )
+        entries = conf["resolutions"] or [{k: conf.get(k) for k in ENTRY_FIELDS}]
+        for n, entry in enumerate(entries, 1):
+            job_id = entry.get("job_id") if isinstance(entry, Mapping) else None
+            if not isinstance(job_id, str):
+                continue  # the journal refuses the entry, naming it
+            job_dag = job_id.split("/", 1)[0]
+            if self.job_dag_ids is not None and job_dag not in self.job_dag_ids:
+                where = f"entry {n}: " if conf["resolutions"] else ""
+                raise ResolutionRefused(
+                    f"{where}job {job_id!r} belongs to DAG {job_dag!r}, which this resolve DAG may not settle "
+                    f"(job_dag_ids: {', '.join(sorted(self.job_dag_ids)) or 'none'}); the journal is unchanged"
+                )
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         if not target.exists():
             raise ResolutionRefused(f"there is no journal at {target.display} on this worker; nothing to resolve")
         with target.open() as journal:
             try:
-                resolution = journal.apply_decision(
-                    conf["job_id"], conf["item_id"], conf.get("step"), conf["decision"], resolved_by=resolved_by,
-                    receipt=conf.get("receipt") or None, note=conf.get("note") or "",
-                )
+                resolutions = journal.apply_decisions(entries, resolved_by=resolved_by)
             except (JournalError, ValueError) as exc:
                 raise ResolutionRefused(f"{exc} (the journal is unchanged)") from None
-        self.log.info(
-            "Resolved %s / %s / %s as %s by %s", resolution.job_id, resolution.item_id, resolution.step,
-            resolution.decision, resolution.resolved_by,
-        )
-        return {"job_id": resolution.job_id, "item_id": resolution.item_id, "step": resolution.step,
-                "decision": resolution.decision, "resolved_by": resolution.resolved_by,
-                "resolved_at": resolution.resolved_at.isoformat(), "audit_id": resolution.id}
+        done = []
+        for r in resolutions:
+            self.log.info("Resolved %s / %s / %s as %s by %s", r.job_id, r.item_id, r.step, r.decision, r.resolved_by)
+            done.append({"job_id": r.job_id, "item_id": r.item_id, "step": r.step, "decision": r.decision,
+                         "resolved_by": r.resolved_by, "resolved_at": r.resolved_at.isoformat(), "audit_id": r.id})
+        if not conf["resolutions"]:
+            return done[0]
+        self.log.info("%d held step(s) settled in one transaction", len(done))
+        return {"resolved": done, "count": len(done)}
 
 
 def _conf(context: Context) -> dict[str, Any]:
@@ -95,9 +103,20 @@ def _conf(context: Context) -> dict[str, Any]:
         value = merged.get(name)
         if value is not None and not isinstance(value, str):
             raise ResolutionRefused(f"{name} must be a string, not {type(value).__name__}")
+    resolutions = merged.get("resolutions") or []
+    if not isinstance(resolutions, list):
+        raise ResolutionRefused("resolutions must be a list of decisions (each with job_id, item_id, step, "
+                                "decision, receipt, note)")
+    merged["resolutions"] = resolutions
+    if resolutions:
+        single = [name for name in ("job_id", "item_id", "step", "decision", "receipt", "note") if merged.get(name)]
+        if single:
+            raise ResolutionRefused(f"give either resolutions (a list) or one decision, not both ({', '.join(single)} "
+                                    "given too)")
+        return merged
     for name in ("job_id", "item_id", "decision"):
         if not merged.get(name):
-            raise ResolutionRefused(f"{name} is required in the conf")
+            raise ResolutionRefused(f"{name} is required in the conf (or a list in resolutions)")
     if merged["decision"] not in DECISIONS:
         raise ResolutionRefused(f"unknown decision {merged['decision']!r}; use one of {', '.join(DECISIONS)}")
     return merged
@@ -147,12 +166,12 @@ def resolve_held_item_dag(
 
 def _resolve_params() -> dict[str, Param]:
     return {
-        "job_id": Param(type="string", minLength=1, maxLength=MAX_ID_LENGTH,
+        "job_id": Param("", type="string", maxLength=MAX_ID_LENGTH,
                         description="The job, as shown in the batch task's summary or failure message."),
-        "item_id": Param(type="string", minLength=1, maxLength=MAX_ID_LENGTH, description="The held item's id."),
+        "item_id": Param("", type="string", maxLength=MAX_ID_LENGTH, description="The held item's id."),
         "step": Param("", type="string", maxLength=256,
                       description="The held step (required for delivered / not_delivered)."),
-        "decision": Param(type="string", enum=list(DECISIONS),
+        "decision": Param("", type="string", enum=["", *DECISIONS],
                           description="delivered: the receiver has it (give its receipt); not_delivered: "
                           "the receiver confirmed it never arrived (it is sent once on the next run); "
                           "keep_previous_input / use_new_input: for an input_changed hold."),
@@ -161,4 +180,8 @@ def _resolve_params() -> dict[str, Param]:
         "note": Param("", type="string", maxLength=4096, description="Why; what you checked."),
         "resolved_by": Param("", type="string", maxLength=256,
                              description="Who decides (used when Airflow does not know the triggering user)."),
+        "resolutions": Param([], type="array", maxItems=MAX_DECISIONS, items={"type": "object"},
+                             description="Several decisions at once, instead of the fields above: a list of "
+                             "{job_id, item_id, step, decision, receipt, note}. All or nothing: one refused "
+                             "entry changes nothing."),
     }
