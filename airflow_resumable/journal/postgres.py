@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import os
 import re
 import socket
@@ -71,7 +72,11 @@ _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # The parameter limit of one statement in PostgreSQL's wire protocol.
 _MAX_PARAMS = 65535
 # Rows per array upsert: large enough for any group commit, small enough for a short statement.
-UPSERT_ARRAY_ROWS = 5000
+UPSERT_JSON_ROWS = 5000
+
+
+# Rows of the upsert as JSON (ids and outputs are valid Unicode without NUL: the runner checked them).
+_ROWS_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -353,10 +358,10 @@ class PostgresJournal(StepJournal):
     _max_params = _MAX_PARAMS
 
     def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
-        # One array per column: the statement's text is the same whatever the number of rows.
+        # One JSON text of rows: the statement's text is the same whatever the number of rows.
         return [
-            Statement(sql.UPSERT_ARRAYS, [list(column) for column in zip(*part, strict=True)])
-            for part in sql.without_repeats(rows, UPSERT_ARRAY_ROWS)
+            Statement(sql.UPSERT_JSON, [_ROWS_JSON.encode(part)])
+            for part in sql.without_repeats(rows, UPSERT_JSON_ROWS)
         ]
 
     def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
@@ -370,10 +375,10 @@ class PostgresJournal(StepJournal):
         # transaction's commit to synchronous (the marks' upsert, by far the most frequent case).
         statement = statements[0]
         if synchronous:
-            if statement.sql is not sql.UPSERT_ARRAYS:
+            if statement.sql is not sql.UPSERT_JSON:
                 super()._apply(statements, durable=durable)
                 return
-            statement = Statement(sql.UPSERT_ARRAYS_SYNCHRONOUS, statement.params)
+            statement = Statement(sql.UPSERT_JSON_SYNCHRONOUS, statement.params)
         conn = self._connection
         with self._guard():
             conn.execute(_pg(statement.sql), statement.params)
