@@ -11,6 +11,7 @@ import hashlib
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -22,6 +23,7 @@ from airflow_resumable.journal import HeldReason, HeldStep, JobRun, Status, Step
 
 __all__ = [
     "BatchProgress",
+    "BatchStopped",
     "BatchResult",
     "HeldStep",
     "InvalidItemError",
@@ -51,6 +53,12 @@ class InvalidItemError(ResumableError, ValueError):
 
 class InvalidStepOutputError(InvalidItemError):
     """A step returned something that is not JSON or is over 64 KiB."""
+
+
+class BatchStopped(ResumableError):
+    """The run was asked to stop (``stop`` was set: Airflow's on_kill, "mark failed/success", Clear).
+    No send was started after that; the sends already in flight were recorded as they finished. The
+    job is left unfinished: run it again (a retry or a Clear) to resume."""
 
 
 class StepContext:
@@ -502,17 +510,29 @@ def _advance(gen: ItemSteps, value: str | None) -> _Send | None:
         return None
 
 
+def _check_stop(stop: threading.Event | None) -> None:
+    """Raise :class:`BatchStopped` if the run was asked to stop: called before any send starts."""
+    if stop is not None and stop.is_set():
+        raise BatchStopped("stopped on request: no new send was started; the sends in flight were recorded "
+                           "as they finished. The job is unfinished: a retry or a Clear resumes it.")
+
+
 class _Sequential:
     """concurrency=1: one send at a time, each IN_FLIGHT mark committed (and fsync'd) just before it."""
 
-    def __init__(self, batch: _Batch) -> None:
-        self.batch = batch
+    def __init__(self, batch: _Batch, stop: threading.Event | None = None) -> None:
+        self.batch, self.stop = batch, stop
 
     def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
         gen = self.batch.steps_of(p, rows)
         send = _advance(gen, None)
         while send is not None:
             run = self.batch.run
+            try:
+                _check_stop(self.stop)
+            except BatchStopped:
+                gen.close()
+                raise
             _commit_marks(run, [send])
             try:
                 encoded = self.batch.record_send(send, _call(send))
@@ -542,8 +562,8 @@ class _Concurrent:
     log, logged) before any of them runs.
     """
 
-    def __init__(self, batch: _Batch, n: int) -> None:
-        self.batch, self.n = batch, n
+    def __init__(self, batch: _Batch, n: int, stop: threading.Event | None = None) -> None:
+        self.batch, self.n, self.stop = batch, n, stop
         self.min_group = max(1, n // 4)
         self.max_ready = max(self.min_group, n // 2)
         # A send of the last step finishes its item: recording it runs no user code afterwards.
@@ -581,6 +601,7 @@ class _Concurrent:
             self.pool.shutdown(wait=True)
 
     def _dispatch(self, room: int) -> None:
+        _check_stop(self.stop)  # abort() then closes what is ready and records what is in flight
         group, self.ready = self.ready[:room], self.ready[room:]
         _commit_marks(self.batch.run, [send for _, send in group])  # the group shares one commit
         for gen, send in group:
@@ -620,11 +641,15 @@ class _Concurrent:
                 done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
                 for future in done:
                     gen, send = self.in_flight.pop(future)
-                    gen.close()
                     try:
-                        self.batch.record_send(send, future.result())
+                        encoded = self.batch.record_send(send, future.result())
                     except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
-                        pass
+                        gen.close()
+                        continue
+                    if send.step.name == self.last_step:
+                        _advance(gen, encoded)  # the item's last step: it completes, no user code runs
+                    else:
+                        gen.close()  # its later steps wait for the next run
             try:
                 self.batch.run.write_receipts()
             except Exception as exc:  # noqa: BLE001 - the error that stopped the batch is the one to raise
@@ -669,6 +694,7 @@ def run_batch(
     on_progress: Callable[[BatchProgress], None] | None = None,
     progress_interval: float = 10.0,
     runner: str | None = None,
+    stop: threading.Event | None = None,
 ) -> BatchResult:
     """Run ``steps`` over ``items`` under ``job_id``, resuming whatever the journal already has.
 
@@ -677,7 +703,9 @@ def run_batch(
     With ``concurrency=N`` up to N side-effect sends run at once on worker threads (local steps
     and all journal writes stay on the calling thread); items may finish in a different order, with
     the same results. Raises :class:`~airflow_resumable.journal.JobBusyError` at once if another
-    runner holds the job.
+    runner holds the job. Setting ``stop`` (from another thread or a signal handler) stops the run:
+    no send starts after that, the sends in flight are recorded, and :class:`BatchStopped` is raised;
+    the job stays unfinished (``JobSummary.status``) until a run goes through the whole batch.
     """
     if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
         raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
@@ -704,7 +732,7 @@ def run_batch(
 
     with journal.open_job(job_id, runner=runner) as run:
         batch = _Batch(run, checked_steps, result)
-        driver = _Sequential(batch) if concurrency == 1 else _Concurrent(batch, concurrency)
+        driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)
         try:
             for chunk in _chunks(items):
                 prepared = _prepare(chunk, id_field, result.items_total, run)
@@ -715,6 +743,7 @@ def run_batch(
                 rows = run.lookup([p.item_id for p in prepared if p.item_id in unfinished]) if unfinished else {}
                 for p in prepared:
                     if p.item_id in unfinished:
+                        _check_stop(stop)
                         driver.start(p, rows.get(p.item_id, {}))
                         report_if_due()  # by time, between items: slow sends still report
                     else:
@@ -722,6 +751,7 @@ def run_batch(
                         result.items_completed += 1
                 report_if_due()
             driver.finish()
+            run.finished()  # the whole batch was gone through: the job is no longer unfinished
         except BaseException:
             driver.abort()
             if on_progress is not None:

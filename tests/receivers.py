@@ -23,7 +23,9 @@ class DurableReceiver:
             conn.execute(
                 """CREATE TABLE IF NOT EXISTS deliveries (
                        seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT, item_id TEXT, step TEXT,
-                       idempotency_key TEXT, payload TEXT)"""
+                       idempotency_key TEXT, payload TEXT,
+                       -- the receiver's own clock, epoch seconds (julianday: SQLite < 3.42 has no subsec)
+                       received_at REAL DEFAULT ((julianday('now') - 2440587.5) * 86400.0))"""
             )
 
     def _conn(self) -> sqlite3.Connection:
@@ -62,6 +64,14 @@ class DurableReceiver:
                 sql += " WHERE job_id = ?"
                 params = (job_id,)
             return dict(conn.execute(sql + " GROUP BY item_id", params).fetchall())
+        finally:
+            conn.close()
+
+    def received_after(self, moment: float) -> int:
+        """Deliveries the receiver's clock says arrived after ``moment`` (epoch seconds)."""
+        conn = self._conn()
+        try:
+            return int(conn.execute("SELECT count(*) FROM deliveries WHERE received_at > ?", (moment,)).fetchone()[0])
         finally:
             conn.close()
 

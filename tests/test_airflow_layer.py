@@ -4,7 +4,11 @@ temporary AIRFLOW_HOME, `airflow dags test`, retries honoured, Clear through Air
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -352,3 +356,42 @@ def test_resolve_dag_settles_fifteen_held_items_in_one_run_all_or_nothing(airflo
         audit = journal.resolutions(JOB)
         assert journal.held(JOB) == [] and len(audit) == 15 and {a.resolved_by for a in audit} == {"dag_test"}
     assert airflow.xcom("resolve_held_item", "resolve")["count"] == 15
+
+
+@pytest.mark.parametrize("concurrency", [1, 16])
+def test_sigterm_starts_no_new_send_and_a_clear_resumes_the_unfinished_job(airflow, concurrency):
+    """What "mark failed", "mark success" and Clear do to a running task: SIGTERM, then on_kill. The batch
+    starts no new send (at most the sends then in flight reach the receiver), ends at once, and the job
+    shows as unfinished until a Clear resumes it."""
+    dag_id = f"stop_c{concurrency}"
+    rec = receiver(airflow)
+    proc = airflow.popen("dags", "test", dag_id)
+    deadline = time.monotonic() + 240
+    while sum(rec.counts().values()) < 60:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.output.read_text()[-4000:]
+        time.sleep(0.05)
+    killed_at = time.time()
+    os.kill(proc.proc.pid, signal.SIGTERM)
+    proc.proc.wait(timeout=240)
+    log = proc.output.read_text()
+    assert "Stopped on request" in log, log[-4000:]
+    # At most the sends in flight at the SIGTERM arrive after it (the receiver's own clock).
+    assert rec.received_after(killed_at) <= concurrency, rec.received_after(killed_at)
+    run_id = airflow.last_run_id(dag_id)
+    job_id = f"{dag_id}/send/{run_id}"
+    sent = sum(rec.counts().values())
+    assert 60 <= sent < 300 and rec.duplicates() == 0
+    with StepJournal(airflow.journal) as journal:
+        job = journal.job(job_id)
+        assert job is not None and job.status == "unfinished"
+        assert job.updated_at.timestamp() - killed_at < 5  # the batch ended within 5 s of the SIGTERM
+    cli = subprocess.run([str(Path(sys.executable).with_name("airflow-resumable")), "jobs", "--json"],
+                         env=airflow.env, capture_output=True, text=True, timeout=120)
+    assert {j["job_id"]: j["status"] for j in json.loads(cli.stdout)}[job_id] == "unfinished", cli.stderr
+
+    assert airflow.run("tasks", "clear", dag_id, "-t", "send", "-y").returncode == 0, output(airflow)
+    assert airflow.rerun(dag_id, run_id).returncode == 0, output(airflow)
+    counts = rec.counts()
+    assert len(counts) == 300 and set(counts.values()) == {1}
+    with StepJournal(airflow.journal) as journal:
+        assert journal.job(job_id).status == "completed"

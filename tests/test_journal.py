@@ -191,7 +191,7 @@ def test_busy_timeout_expiry_is_a_clear_error_and_nothing_is_sent(path):
 
 def test_schema_version(path):
     with StepJournal(path) as journal:
-        assert SCHEMA_VERSION == 3
+        assert SCHEMA_VERSION == 4
         conn = raw(path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -249,9 +249,10 @@ def test_forward_migration_from_version_1(path):
         after = snapshot(path)
         assert after["steps"] == before["steps"], "migration must keep every row as it was"
         assert after["resolutions"] == before["resolutions"]
+        # Version 4's finished_at: jobs journaled before count as finished when last updated.
         assert after["jobs"] == [
-            ("old/held", 1_500_000_000.0, 1_500_000_000.0, None, None),
-            ("old/job", 1_600_000_000.0, 1_600_000_009.0, None, None),
+            ("old/held", 1_500_000_000.0, 1_500_000_000.0, None, None, 1_500_000_000.0),
+            ("old/job", 1_600_000_000.0, 1_600_000_009.0, None, None, 1_600_000_009.0),
         ]
         assert len(journal.journal_id) == 32
 

@@ -100,6 +100,21 @@ def test_a_newer_schema_version_is_refused_and_left_alone(postgres_url):
     assert snapshot(postgres_url) == before
 
 
+def test_a_version_3_journal_is_migrated_and_its_jobs_count_as_finished(postgres_url):
+    """Version 4 added jobs.finished_at (unfinished: a run stopped or died part way)."""
+    with StepJournal(postgres_url) as journal:
+        run_batch(journal, JOB, items(2), sending([]))
+    with admin(postgres_url) as conn:  # back to what a version 3 journal looks like
+        conn.execute("ALTER TABLE resumable.jobs DROP COLUMN finished_at")
+        conn.execute("UPDATE resumable.meta SET value = '3' WHERE key = 'schema_version'")
+    with StepJournal(postgres_url) as journal:
+        (job,) = journal.jobs()
+        assert job.status == "completed" and job.finished_at == job.updated_at
+    with admin(postgres_url) as conn:
+        assert conn.execute("SELECT value FROM resumable.meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION)
+
+
 def test_a_schema_that_holds_other_tables_is_refused_and_left_alone(postgres_url):
     with admin(postgres_url) as conn:
         conn.execute("CREATE SCHEMA resumable")

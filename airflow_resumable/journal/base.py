@@ -181,6 +181,7 @@ class StepJournal:
                 items=int(r[5]),
                 held=int(r[9]),
                 unresolved=int(r[10]),
+                finished_at=None if r[11] is None else ts(r[11]),
             )
             for r in self._read(sql.JOB_SUMMARIES.format(where=where), params)
         ]

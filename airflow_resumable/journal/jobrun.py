@@ -22,6 +22,10 @@ FOLD_WAIT_SECONDS = 5.0
 Record = tuple[str, tuple[Any, ...]]
 
 
+# Records about the job itself, not its steps: writing only these leaves the job's finished state alone.
+_JOB_ONLY = (sql.TOUCH_JOB, sql.JOB_FINISHED)
+
+
 class JobRun:
     """What a runner holds while it runs one job: the job's claim and a buffer of pending records.
 
@@ -77,6 +81,7 @@ class JobRun:
         # touched anything (bad input) leaves the journal exactly as it was.
         self._runner = runner
         self._flushed = False
+        self._unfinished_marked = False
 
     @staticmethod
     def _take_claim(journal: StepJournal, job_id: str, runner: str | None) -> Claim:
@@ -227,9 +232,19 @@ class JobRun:
         if len(self._pending) >= self.FLUSH_ROWS or time.monotonic() - self._last_flush >= self.FLUSH_SECONDS:
             self.flush(durable=False)
 
+    def finished(self) -> None:
+        """This run went through the whole batch (held items or not): the job is no longer unfinished.
+        Written with the run's last flush."""
+        now = time.time()
+        self._pending += [self._touch(now), (sql.JOB_FINISHED, (now, self.job_id))]
+
     def flush(self, *, durable: bool = False) -> None:
         if not self._pending:
             return
+        if not self._unfinished_marked and any(r[0] not in _JOB_ONLY for r in self._pending):
+            # This run's first step record: until it finishes, the job shows (and is kept) as unfinished.
+            self._pending.insert(0, (sql.JOB_UNFINISHED, (self.job_id,)))
+            self._unfinished_marked = True
         records, self._pending = self._pending, []
         now = time.time()
         pending = list(records)
@@ -240,6 +255,9 @@ class JobRun:
         try:
             self._commit(pending, durable)
         except BaseException:
+            if records[0][0] is sql.JOB_UNFINISHED:
+                self._unfinished_marked = False  # not written: the kept records get it again
+                records = records[1:]
             # Nothing was written. Keep the records (a delivered send's SUCCEEDED among them) for
             # the next flush - close() flushes once more - but not the IN_FLIGHT marks: a mark is
             # buffered just before its send, and that send will not start now.

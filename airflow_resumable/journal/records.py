@@ -85,6 +85,9 @@ class JobSummary:
     created_at: datetime
     updated_at: datetime
     pruned_at: datetime | None
+    # When a run last went through the whole batch; None while one is under way or after one that
+    # stopped ("mark success", on_kill, a timeout) or died part way.
+    finished_at: datetime | None = None
 
     @property
     def settled(self) -> bool:
@@ -92,14 +95,17 @@ class JobSummary:
 
     @property
     def status(self) -> str:
-        """``pruned``, ``needs_review`` (held steps), ``incomplete`` (failed or unresolved steps) or
-        ``completed``: what the CLI's ``jobs`` and the "Resumable jobs" page show."""
+        """``pruned``, ``needs_review`` (held steps), ``incomplete`` (failed or unresolved steps),
+        ``unfinished`` (no run has gone through the whole batch: running now, or stopped or killed part
+        way) or ``completed``: what the CLI's ``jobs`` and the "Resumable jobs" page show."""
         if self.pruned_at is not None:
             return "pruned"
         if self.held:
             return "needs_review"
         if self.unresolved or self.counts.get("FAILED", 0):
             return "incomplete"
+        if self.finished_at is None:
+            return "unfinished"
         return "completed"
 
 

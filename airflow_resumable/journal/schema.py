@@ -7,7 +7,13 @@ by a newer release and is refused, never downgraded.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
+
+# Version 4: when a run last went through the whole batch (NULL while a run is under way, and after
+# one that stopped or died part way: such a job shows as not finished and is never pruned). Jobs
+# journaled before count as finished when they were last updated, as they were shown then.
+def _finished_at(seconds_type: str) -> tuple[str, ...]:
+    return (f"ALTER TABLE jobs ADD COLUMN finished_at {seconds_type}", "UPDATE jobs SET finished_at = updated_at")
 
 SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -75,6 +81,7 @@ SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "DROP INDEX steps_open",
         "CREATE INDEX steps_held ON steps (job_id, item_id) WHERE held_reason IS NOT NULL",
     ),
+    4: _finished_at("REAL"),
 }
 
 # PostgreSQL journals start at version 3, the same tables and meaning as SQLite's version 3. The
@@ -132,4 +139,5 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
         "INSERT INTO meta (key, value) VALUES ('journal_id', md5(random()::text || clock_timestamp()::text))",
     ),
+    4: _finished_at("DOUBLE PRECISION"),
 }

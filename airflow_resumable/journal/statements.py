@@ -114,6 +114,11 @@ ON CONFLICT (job_id) DO UPDATE SET updated_at = excluded.updated_at,
                                    last_runner = coalesce(excluded.last_runner, jobs.last_runner)
 """
 
+# A run under way (or stopped, or killed, part way) leaves the job unfinished; a run through the
+# whole batch (held items or not) finishes it.
+JOB_UNFINISHED = "UPDATE jobs SET finished_at = NULL WHERE job_id = ?"
+JOB_FINISHED = "UPDATE jobs SET finished_at = ? WHERE job_id = ?"
+
 JOB_PRUNED_AT = "SELECT pruned_at FROM jobs WHERE job_id = ?"
 JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
 JOB_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? LIMIT 1"
@@ -133,10 +138,11 @@ SELECT j.job_id, j.created_at, j.updated_at, j.pruned_at,
        count(CASE WHEN s.status = 'SUCCEEDED' THEN 1 END),
        count(CASE WHEN s.status = 'FAILED' THEN 1 END),
        count(CASE WHEN s.held_reason IS NOT NULL THEN 1 END),
-       count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED' THEN 1 END)
+       count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED' THEN 1 END),
+       j.finished_at
 FROM jobs j LEFT JOIN steps s ON s.job_id = j.job_id
 {where}
-GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at ORDER BY j.updated_at DESC
+GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at, j.finished_at ORDER BY j.updated_at DESC
 """
 
 JOB_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
@@ -173,10 +179,13 @@ JOB_UPDATED = "UPDATE jobs SET updated_at = ? WHERE job_id = ?"
 
 UNFINISHED_JOB = "(status != 'SUCCEEDED' OR held_reason IS NOT NULL)"
 PRUNE_CANDIDATES = f"""
-SELECT job_id FROM jobs j WHERE pruned_at IS NULL AND updated_at < ?
+SELECT job_id FROM jobs j WHERE pruned_at IS NULL AND finished_at IS NOT NULL AND updated_at < ?
 AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = j.job_id AND {UNFINISHED_JOB})
 """
-JOB_STILL_FINISHED = f"SELECT 1 WHERE NOT EXISTS (SELECT 1 FROM steps WHERE job_id = ? AND {UNFINISHED_JOB})"
+JOB_STILL_FINISHED = f"""
+SELECT 1 FROM jobs j WHERE j.job_id = ? AND j.finished_at IS NOT NULL
+AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = j.job_id AND {UNFINISHED_JOB})
+"""
 DELETE_JOB_STEPS = "DELETE FROM steps WHERE job_id = ?"
 MARK_PRUNED = "UPDATE jobs SET pruned_at = ? WHERE job_id = ?"
 

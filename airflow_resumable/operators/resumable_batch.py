@@ -7,6 +7,7 @@ import inspect
 import json
 import os
 import socket
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -28,7 +29,7 @@ from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import HeldReason, StepJournal
 from airflow_resumable.links import ResumableJobLink
-from airflow_resumable.runner import BatchProgress, BatchResult, Step, check_concurrency, run_batch
+from airflow_resumable.runner import BatchProgress, BatchResult, BatchStopped, Step, check_concurrency, run_batch
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -204,6 +205,8 @@ class ResumableBatchOperator(BaseOperator):
         # The name Airflow records for this try ([core] hostname_callable), as the UI shows it: two
         # Celery workers on one machine have one socket.gethostname() but two of these.
         hostname = getattr(context["ti"], "hostname", None) or socket.gethostname()
+        # Set by on_kill; made here, not in __init__: Airflow may deep-copy the operator before it runs.
+        self._stop = threading.Event()
         with self._open_journal() as journal:
             self._guard_worker(context, journal, job_id, hostname)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
@@ -214,7 +217,16 @@ class ResumableBatchOperator(BaseOperator):
                     concurrency=self.concurrency, on_progress=self._log_progress,
                     progress_interval=self.progress_interval,
                     runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
+                    stop=self._stop,
                 )
+            except BatchStopped:
+                self.log.warning("Stopped on request (mark failed / mark success / Clear / timeout): no send "
+                                 "started after it, the sends in flight were recorded. Job %s is unfinished; "
+                                 "a retry or a Clear resumes it.", job_id)
+                if self._last_progress is not None:
+                    emit_batch_metrics(self._last_progress, dag_id=context["ti"].dag_id,
+                                       task_id=context["ti"].task_id)
+                raise
             except BaseException:
                 # A step failed: this try's counters still count (the runner reported how far it got).
                 if self._last_progress is not None:
@@ -287,6 +299,15 @@ class ResumableBatchOperator(BaseOperator):
                 store.set(STATE_STORE_KEY, here)
             else:
                 store.set(STATE_STORE_KEY, here, retention=NEVER_EXPIRE)
+
+    def on_kill(self) -> None:
+        """Airflow stops the task (SIGTERM on "mark failed", "mark success", Clear; or the execution
+        timeout): start no new send. Sends in flight are recorded as they finish and the task ends
+        within a send's time, long before the supervisor's SIGKILL. Runs in a signal handler: it only
+        sets a flag."""
+        stop = self.__dict__.get("_stop")
+        if stop is not None:
+            stop.set()
 
     def _retry_can_help(self, result: BatchResult) -> bool:
         """A retry asks ``verify`` again about unknown-outcome sends (a receiver may record late); nothing

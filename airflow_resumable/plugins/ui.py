@@ -165,6 +165,7 @@ def _job_dict(job: JobSummary) -> dict[str, Any]:
         "created_at": job.created_at.isoformat(),
         "updated_at": job.updated_at.isoformat(),
         "pruned_at": job.pruned_at.isoformat() if job.pruned_at else None,
+        "finished_at": job.finished_at.isoformat() if job.finished_at else None,  # None: not gone through
     }
 
 

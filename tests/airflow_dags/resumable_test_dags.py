@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
 from _article import items, items_bad_once, notify, steps, transform, unblock_journal, validate, verify
@@ -82,3 +83,15 @@ with DAG("article_shared_plain", schedule=None, start_date=start, default_args=d
 # Issue 12, finding 2: a team's own resolve DAG settles only its DAGs' jobs.
 with DAG("resolve_team_a", schedule=None, start_date=start, catchup=False):
     ResolveOperator(task_id="resolve", job_dag_ids=["article_verify", "article_hold"])
+
+
+def slow_notify(item, ctx):
+    time.sleep(0.02)  # 20 ms per send, as a real receiver might take
+    return notify(item, ctx)
+
+
+# Stop means stop: "mark failed" / "mark success" / Clear reach the task as SIGTERM (on_kill).
+for _concurrency in (1, 16):
+    with DAG(f"stop_c{_concurrency}", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
+        ResumableBatchOperator(task_id="send", items=items(300), validate=validate, notify=slow_notify,
+                               concurrency=_concurrency)
