@@ -82,15 +82,21 @@ def when(value: datetime, now: datetime | None = None) -> str:
 
 def ago(value: datetime, now: datetime | None = None) -> str:
     """``3 hours ago`` (``just now`` under a second)."""
-    moment, reference = local(value), local(now) if now is not None else pendulum.now(display_timezone())
-    if abs((reference - moment).total_seconds()) < 1:
+    moment, reference, span = _span(value, now)
+    if span is None:
         return "just now"
-    return moment.diff_for_humans(reference, absolute=True) + (" ago" if moment <= reference else " from now")
+    return span + (" ago" if moment <= reference else " from now")
 
 
 def age(value: datetime, now: datetime | None = None) -> str:
     """How long since ``value``, for "held for 3 hours"."""
+    return _span(value, now)[2] or "less than a second"
+
+
+def _span(value: datetime, now: datetime | None) -> tuple[pendulum.DateTime, pendulum.DateTime, str | None]:
+    """``value`` and ``now`` (default: this moment) in the display timezone, and the time between them
+    in words ("3 hours"), or None under a second."""
     moment, reference = local(value), local(now) if now is not None else pendulum.now(display_timezone())
     if abs((reference - moment).total_seconds()) < 1:
-        return "less than a second"
-    return moment.diff_for_humans(reference, absolute=True)
+        return moment, reference, None
+    return moment, reference, moment.diff_for_humans(reference, absolute=True)

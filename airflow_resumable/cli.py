@@ -239,8 +239,7 @@ def _emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
 def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
     who = getattr(args, "resolved_by", None) or getpass.getuser()
     if args.command == "jobs":
-        time = datetime.isoformat if args.json else when
-        jobs = [{**_plain(j, time), "status": j.status, **j.counts, "held": j.held, "unresolved": j.unresolved}
+        jobs = [{**asdict(j), "status": j.status, **j.counts, "held": j.held, "unresolved": j.unresolved}
                 for j in journal.jobs()]
         _emit(out, args.json, jobs, ["job_id", "status", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held",
                                      "unresolved", "updated_at"])
