@@ -109,7 +109,7 @@ def _conf(context: Context) -> dict[str, Any]:
                                 "decision, receipt, note)")
     merged["resolutions"] = resolutions
     if resolutions:
-        single = [name for name in ("job_id", "item_id", "step", "decision", "receipt", "note") if merged.get(name)]
+        single = [name for name in sorted(ENTRY_FIELDS) if merged.get(name)]
         if single:
             raise ResolutionRefused(f"give either resolutions (a list) or one decision, not both ({', '.join(single)} "
                                     "given too)")
