@@ -246,14 +246,14 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
     elif args.command == "show":
         if journal.job(args.job_id) is None:
             raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
-        rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step) if r.side_effect else None}
+        rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step, r.generation) if r.side_effect else None}
                 for r in journal.rows(args.job_id, args.item)
                 if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
         _emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
                                      "idempotency_key", "updated_at"])
     elif args.command == "held":
         # The key to ask the receiver about; an input_changed hold is not about a send (no key).
-        held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step)
+        held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step, h.generation)
                  if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in journal.held(args.job_id)]
         _emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "idempotency_key"])
     elif args.command == "resolve" and args.file:

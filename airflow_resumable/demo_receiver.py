@@ -3,11 +3,13 @@
 It accepts notifications (``POST /notifications``), honours the ``Idempotency-Key`` header (switch
 off with ``--no-dedupe`` to model receivers that do not), answers look-ups by key
 (``GET /notifications/<key>``), counts deliveries per item (``GET /stats``) and injects faults on
-request: fail *before* accepting, or accept and then fail the reply (*after accept*).
+request: fail *before* accepting, or accept and then fail the reply (*after accept*). With
+``--reject-key-reuse`` a key that comes back with a different body is answered 422, as Stripe does,
+instead of with the first delivery's receipt.
 
 Run: ``python -m airflow_resumable.demo_receiver --port 8765 --db receiver.sqlite3
-[--fault ITEM:before_accept|after_accept] [--no-dedupe]``. Faults can also be armed over HTTP:
-``POST /faults {"item_id": "item-041", "mode": "after_accept"}`` (each fires once).
+[--fault ITEM:before_accept|after_accept] [--no-dedupe | --reject-key-reuse]``. Faults can also be
+armed over HTTP: ``POST /faults {"item_id": "item-041", "mode": "after_accept"}`` (each fires once).
 Standard library only.
 """
 
@@ -25,10 +27,17 @@ from typing import Any
 FAULT_MODES = ("before_accept", "after_accept")
 
 
+class KeyReusedError(Exception):
+    """An idempotency key came back with a body other than the one first delivered under it."""
+
+
 class ReceiverStore:
-    def __init__(self, path: Path, *, dedupe: bool = True) -> None:
+    def __init__(self, path: Path, *, dedupe: bool = True, reject_key_reuse: bool = False) -> None:
+        if reject_key_reuse and not dedupe:
+            raise ValueError("reject_key_reuse needs dedupe: a receiver that ignores keys cannot compare bodies")
         self.path = Path(path)
         self.dedupe = dedupe
+        self.reject_key_reuse = reject_key_reuse
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -56,12 +65,15 @@ class ReceiverStore:
             return row[0] if row else None
 
     def accept(self, key: str | None, item_id: str, body: str) -> tuple[str, bool]:
-        """Record a delivery; returns (receipt, duplicate_suppressed)."""
+        """Record a delivery; returns (receipt, duplicate_suppressed). Raises KeyReusedError when the
+        store rejects key reuse and the key was first delivered with another body."""
         with self._lock:
             if self.dedupe and key:
                 found = self._conn.execute(
-                    "SELECT seq FROM deliveries WHERE idempotency_key = ? ORDER BY seq LIMIT 1", (key,)
+                    "SELECT seq, body FROM deliveries WHERE idempotency_key = ? ORDER BY seq LIMIT 1", (key,)
                 ).fetchone()
+                if found and self.reject_key_reuse and found[1] != body:
+                    raise KeyReusedError(key)
                 if found:
                     return f"rcpt-{found[0]}", True
             # The time comes from here, not from SQL: unixepoch('subsec') needs SQLite >= 3.42.
@@ -125,7 +137,10 @@ def make_handler(store: ReceiverStore) -> type[BaseHTTPRequestHandler]:
             fault = store.take_fault(item_id)
             if fault == "before_accept":
                 return self._json(503, {"error": "injected failure before accept"})
-            receipt, duplicate = store.accept(self.headers.get("Idempotency-Key"), item_id, json.dumps(body))
+            try:
+                receipt, duplicate = store.accept(self.headers.get("Idempotency-Key"), item_id, json.dumps(body))
+            except KeyReusedError:
+                return self._json(422, {"error": "idempotency key reused with a different body"})
             if fault == "after_accept":
                 # Accepted and stored, but the reply is lost: drop the connection without answering.
                 self.close_connection = True
@@ -154,8 +169,10 @@ class _Server(ThreadingHTTPServer):
     request_queue_size = 128
 
 
-def serve(port: int, db: Path, *, dedupe: bool = True, host: str = "127.0.0.1") -> ThreadingHTTPServer:
-    store = ReceiverStore(db, dedupe=dedupe)
+def serve(
+    port: int, db: Path, *, dedupe: bool = True, host: str = "127.0.0.1", reject_key_reuse: bool = False,
+) -> ThreadingHTTPServer:
+    store = ReceiverStore(db, dedupe=dedupe, reject_key_reuse=reject_key_reuse)
     server = _Server((host, port), make_handler(store))
     server.store = store  # type: ignore[attr-defined]
     return server
@@ -166,10 +183,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8765)
     parser.add_argument("--db", type=Path, default=Path("receiver.sqlite3"))
-    parser.add_argument("--no-dedupe", action="store_true", help="ignore Idempotency-Key")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--no-dedupe", action="store_true", help="ignore Idempotency-Key")
+    keys.add_argument("--reject-key-reuse", action="store_true",
+                      help="answer 422 when a key comes back with a different body (as Stripe does)")
     parser.add_argument("--fault", action="append", default=[], metavar="ITEM:MODE")
     args = parser.parse_args(argv)
-    server = serve(args.port, args.db, dedupe=not args.no_dedupe, host=args.host)
+    server = serve(args.port, args.db, dedupe=not args.no_dedupe, host=args.host,
+                   reject_key_reuse=args.reject_key_reuse)
     for spec in args.fault:
         item_id, _, mode = spec.partition(":")
         server.store.arm(item_id, mode)  # type: ignore[attr-defined]

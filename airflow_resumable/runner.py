@@ -29,6 +29,7 @@ __all__ = [
     "InvalidItemError",
     "InvalidStepOutputError",
     "NOT_DELIVERED",
+    "NotSentError",
     "Step",
     "StepContext",
     "canonical_digest",
@@ -61,36 +62,47 @@ class BatchStopped(ResumableError):
     job is left unfinished: run it again (a retry or a Clear) to resume."""
 
 
+class NotSentError(ResumableError):
+    """Raised by a step to declare that nothing of its send left the process: the connection was
+    refused, the name did not resolve, the connect timed out, a check before the request failed.
+
+    The step is recorded FAILED with that fact (and the type name, as for any error) and the next run
+    sends it again without verify or hold. Raise it only when that is certain: an error after any
+    byte of the request may have been written is an unknown outcome, never a NotSentError."""
+
+
 class StepContext:
     """What a step function (and a verify function) is told about the step it is running.
 
-    ``job_id``, ``item_id``, ``step``, ``digest``, ``idempotency_key`` and ``outputs`` (the recorded
+    ``job_id``, ``item_id``, ``step``, ``digest``, ``generation`` (of the key: 0 unless a
+    ``use_new_input`` resolution moved the item on), ``idempotency_key`` and ``outputs`` (the recorded
     outputs of the item's earlier steps, by step name). The key and the decoded outputs are worked
     out on first use: most local steps never look at them, and a batch can have millions of steps.
     """
 
-    __slots__ = ("job_id", "item_id", "step", "digest", "_key", "_outputs", "_raw_outputs")
+    __slots__ = ("job_id", "item_id", "step", "digest", "generation", "_key", "_outputs", "_raw_outputs")
 
     def __init__(
         self, job_id: str, item_id: str, step: str, digest: str, idempotency_key: str | None = None,
-        outputs: Mapping[str, Any] | None = None,
+        outputs: Mapping[str, Any] | None = None, generation: int = 0,
     ) -> None:
         self.job_id, self.item_id, self.step, self.digest = job_id, item_id, step, digest
+        self.generation = generation
         self._key = idempotency_key
         self._outputs = outputs
         self._raw_outputs: dict[str, str | None] = {}
 
     @classmethod
     def _from_journal(cls, job_id: str, item_id: str, step: str, digest: str,
-                      raw_outputs: dict[str, str | None]) -> StepContext:
-        ctx = cls(job_id, item_id, step, digest)
+                      raw_outputs: dict[str, str | None], generation: int = 0) -> StepContext:
+        ctx = cls(job_id, item_id, step, digest, generation=generation)
         ctx._raw_outputs = dict(raw_outputs)  # a snapshot: later steps' outputs are not this step's
         return ctx
 
     @property
     def idempotency_key(self) -> str:
         if self._key is None:
-            self._key = idempotency_key(self.job_id, self.item_id, self.step)
+            self._key = idempotency_key(self.job_id, self.item_id, self.step, self.generation)
         return self._key
 
     @property
@@ -200,9 +212,13 @@ def canonical_digest(item: Mapping[str, Any]) -> str:
     return hashlib.sha256(_CANONICAL.encode(item).encode("utf-8")).hexdigest()
 
 
-def idempotency_key(job_id: str, item_id: str, step: str) -> str:
-    """A key deterministic in (job_id, item_id, step), distinct across them, safe in an HTTP header."""
-    material = json.dumps([job_id, item_id, step], ensure_ascii=False, separators=(",", ":"))
+def idempotency_key(job_id: str, item_id: str, step: str, generation: int = 0) -> str:
+    """A key deterministic in (job_id, item_id, step, generation), distinct across them, safe in an
+    HTTP header. Generation 0 is the key of earlier releases (which had no generations)."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be an integer >= 0, not {generation!r}")
+    parts: list[object] = [job_id, item_id, step] if generation == 0 else [job_id, item_id, step, generation]
+    material = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
     return "rsm1-" + hashlib.sha256(material.encode("utf-8")).hexdigest()
 
 
@@ -229,7 +245,9 @@ def _decide(row: StepState | None, digest: str, side_effect: bool) -> Action:
     | none                              | run        | run                         |
     | digest differs from the input's   | hold item (input_changed)                |
     | SUCCEEDED                         | skip       | skip                        |
+    | FAILED, provably not sent         | run again  | run again (same key)        |
     | IN_FLIGHT or FAILED               | run again  | verify: receipt -> skip,    |
+    |                                   |            | NOT_DELIVERED -> send once, |
     |                                   |            | else hold (unknown_outcome) |
     """
     if row is None:
@@ -238,6 +256,8 @@ def _decide(row: StepState | None, digest: str, side_effect: bool) -> Action:
         return HOLD_CHANGED
     if row.status == Status.SUCCEEDED:
         return SKIP
+    if row.not_sent and row.status == Status.FAILED:
+        return RUN
     return VERIFY if side_effect else RUN
 
 
@@ -396,7 +416,7 @@ class _Batch:
                 assert row is not None
                 if row.held_reason != HeldReason.INPUT_CHANGED:
                     self.run.hold(p.item_id, step.name, HeldReason.INPUT_CHANGED, new_digest=p.digest)
-                self._held(p.item_id, step.name, HeldReason.INPUT_CHANGED)
+                self._held(p.item_id, step.name, HeldReason.INPUT_CHANGED, row.generation)
                 return
             if action == SKIP:
                 assert row is not None
@@ -405,7 +425,8 @@ class _Batch:
                 outputs[step.name] = row.output
                 result.skipped_steps += 1
                 continue
-            ctx = StepContext._from_journal(job_id, p.item_id, step.name, p.digest, outputs)
+            ctx = StepContext._from_journal(job_id, p.item_id, step.name, p.digest, outputs,
+                                            0 if row is None else row.generation)
             if action == VERIFY:
                 receipt = self._verify(step, ctx)
                 if isinstance(receipt, _NotDelivered):
@@ -425,7 +446,7 @@ class _Batch:
                     assert row is not None
                     if row.held_reason != HeldReason.UNKNOWN_OUTCOME:
                         self.run.hold(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
-                    self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
+                    self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME, ctx.generation)
                     return  # never send: the receiver may already have it
                 encoded = json.dumps(receipt)
                 self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
@@ -436,6 +457,8 @@ class _Batch:
                 log.info("item %s: %s verified by the receiver, not sent again", p.item_id, step.name)
                 continue
             if step.side_effect:
+                if row is not None:  # FAILED before anything was sent (NotSentError, not_delivered)
+                    log.info("item %s: %s was not sent; sending it", p.item_id, step.name)
                 outputs[step.name] = yield _Send(step, p, ctx)
             else:
                 outputs[step.name] = self._run_local(step, p, ctx)
@@ -471,9 +494,11 @@ class _Batch:
 
     def _failed(self, step: Step, p: _Prepared, exc: BaseException) -> None:
         # Type name only: messages can carry tokens, addresses and payloads.
+        not_sent = isinstance(exc, NotSentError)
         self.run.mark_failed(p.item_id, step.name, p.digest, side_effect=step.side_effect,
-                             error_type=type(exc).__name__)
-        log.warning("item %s: step %s failed with %s", p.item_id, step.name, type(exc).__name__)
+                             error_type=type(exc).__name__, not_sent=not_sent)
+        log.warning("item %s: step %s failed with %s%s", p.item_id, step.name, type(exc).__name__,
+                    " (nothing was sent: the next run sends it)" if not_sent and step.side_effect else "")
 
     @staticmethod
     def _verify(step: Step, ctx: StepContext) -> str | _NotDelivered | None:
@@ -489,8 +514,8 @@ class _Batch:
         receipt = receipt if isinstance(receipt, str) else json.dumps(receipt)
         return receipt if receipt.strip() else None
 
-    def _held(self, item_id: str, step: str, reason: HeldReason) -> None:
-        self.result.held.append(HeldStep(self.run.job_id, item_id, step, reason))
+    def _held(self, item_id: str, step: str, reason: HeldReason, generation: int) -> None:
+        self.result.held.append(HeldStep(self.run.job_id, item_id, step, reason, generation))
         log.warning("item %s: %s held (%s)", item_id, step, reason.value)
 
 
@@ -781,13 +806,14 @@ def verify_held(
     """
     settled: list[HeldStep] = []
     for row in journal.open_rows(job_id):
-        if not row.side_effect or row.status == Status.SUCCEEDED or row.held_reason == HeldReason.INPUT_CHANGED:
+        if (not row.side_effect or row.status == Status.SUCCEEDED or row.not_sent
+                or row.held_reason == HeldReason.INPUT_CHANGED):
             continue
         if step is not None and row.step != step:
             continue
         outputs = {r.step: r.output for r in journal.rows(job_id, row.item_id) if r.status == Status.SUCCEEDED}
         ctx = StepContext(job_id, row.item_id, row.step, row.digest,
-                          idempotency_key(job_id, row.item_id, row.step), outputs)
+                          idempotency_key(job_id, row.item_id, row.step, row.generation), outputs, row.generation)
         receipt = _Batch._verify(Step(row.step, lambda item, c: None, side_effect=True, verify=verify), ctx)
         if receipt is None:
             continue
@@ -797,5 +823,5 @@ def verify_held(
         else:
             journal.resolve(job_id, row.item_id, row.step, delivered=True, receipt=receipt,
                             resolved_by=resolved_by, note="the receiver's look-up found a receipt")
-        settled.append(HeldStep(job_id, row.item_id, row.step, HeldReason.UNKNOWN_OUTCOME))
+        settled.append(HeldStep(job_id, row.item_id, row.step, HeldReason.UNKNOWN_OUTCOME, row.generation))
     return settled

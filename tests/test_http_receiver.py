@@ -135,3 +135,49 @@ def test_lookup_authoritative_must_be_a_boolean(monkeypatch):
     with pytest.raises(ValueError, match="extra lookup_authoritative must be true or false"):
         HttpReceiver("odd").lookup_authoritative
     assert HttpReceiver("odd", lookup_authoritative=True).lookup_authoritative is True
+
+
+def test_http_notify_raises_not_sent_only_when_no_byte_was_written(receiver_factory, monkeypatch, tmp_path):
+    """Refused connection (a free port nobody listens on) and a name that does not resolve: nothing
+    left, so NotSentError and the next run sends without verify or hold. A reply lost after the
+    receiver accepted stays an unknown outcome."""
+    import socket
+
+    from airflow_resumable.notifiers.http import HttpReceiver, ReceiverUnreachable
+    from airflow_resumable.runner import NotSentError
+
+    server, url = receiver_factory(dedupe=False)
+    with socket.socket() as probe:  # a port that was free a moment ago: connecting to it is refused
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("AIRFLOW_CONN_CLOSED", json.dumps({"conn_type": "http", "host": closed}))
+    monkeypatch.setenv("AIRFLOW_CONN_NOWHERE", json.dumps({"conn_type": "http", "host": "http://no-such-host.invalid"}))
+    monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url}))
+    items = [{"id": f"item-{i}"} for i in range(1, 4)]
+    verified: list[str] = []
+
+    def steps(conn_id: str) -> list[Step]:
+        http = HttpReceiver(conn_id, timeout=5)
+
+        def verify(ctx):
+            verified.append(ctx.item_id)
+            return http.verify(ctx)
+        return [Step("notify_external", http.notify, side_effect=True, verify=verify)]
+
+    assert issubclass(ReceiverUnreachable, NotSentError)
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        for conn_id in ("closed", "nowhere"):
+            with pytest.raises(ReceiverUnreachable):
+                run_batch(journal, "job", items, steps(conn_id))
+            (row,) = journal.rows("job")
+            assert (row.item_id, row.status.value, row.not_sent, row.error_type) == (
+                "item-1", "FAILED", True, "ReceiverUnreachable")
+        server.store.arm("item-2", "after_accept")
+        with pytest.raises(Exception) as lost:
+            run_batch(journal, "job", items, steps("receiver"))
+        assert not isinstance(lost.value, NotSentError)
+        assert {r.item_id: r.not_sent for r in journal.rows("job")} == {"item-1": False, "item-2": False}
+        done = run_batch(journal, "job", items, steps("receiver"))
+        assert done.status == "completed" and done.verified_steps == 1 and verified == ["item-2"]
+    assert server.store.stats() == {"deliveries": 3, "items": 3, "duplicates": 0,
+                                    "per_item": {"item-1": 1, "item-2": 1, "item-3": 1}}

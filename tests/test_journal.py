@@ -191,7 +191,7 @@ def test_busy_timeout_expiry_is_a_clear_error_and_nothing_is_sent(path):
 
 def test_schema_version(path):
     with StepJournal(path) as journal:
-        assert SCHEMA_VERSION == 4
+        assert SCHEMA_VERSION == 5
         conn = raw(path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -247,7 +247,8 @@ def test_forward_migration_from_version_1(path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         conn.close()
         after = snapshot(path)
-        assert after["steps"] == before["steps"], "migration must keep every row as it was"
+        # Every row as it was; version 5: generation 0 (the keys they were sent with) and not_sent 0.
+        assert after["steps"] == [row + (0, 0) for row in before["steps"]], "migration must keep every row"
         assert after["resolutions"] == before["resolutions"]
         # Version 4's finished_at: jobs journaled before count as finished when last updated.
         assert after["jobs"] == [
@@ -716,8 +717,9 @@ def test_read_api(location):
         third = run_batch(journal, JOB, items, receiver.steps())
         assert third.status == "completed" and journal.held() == []
         attempts = {(r.item_id, r.step): r.attempts for r in journal.rows(JOB)}
-        assert attempts[("b", "notify")] == 1  # cleared by not_delivered, then sent once
-        assert attempts[("c", "transform")] == 1  # cleared by use_new_input
+        # not_delivered keeps the row (and its key): the failed attempt, then the one send after it.
+        assert attempts[("b", "notify")] == 2
+        assert attempts[("c", "transform")] == 2  # use_new_input keeps the row and runs it again
         assert receiver.count("b") == 1 and receiver.count("c") == 1 and receiver.count("a") == 1
 
 
@@ -762,7 +764,13 @@ def test_input_change_is_held_then_resolved(location, use_new_input):
             # Processed from scratch: every step ran again and the receiver got the new input.
             assert (after.executed_steps, after.skipped_steps) == (3, 3)
             assert [json.loads(d[3]) for d in receiver.deliveries if d[1] == "x"] == [old, new]
-            assert {r.step: r.attempts for r in journal.rows(JOB, "x")} == {"validate": 1, "transform": 1, "notify": 1}
+            # The rows are kept (a send's key may have reached a receiver); the send moved to generation
+            # 1: the new content went out under a new key.
+            rows = {r.step: r for r in journal.rows(JOB, "x")}
+            assert {s: (r.attempts, r.generation) for s, r in rows.items()} == {
+                "validate": (2, 0), "transform": (2, 0), "notify": (2, 1)}
+            keys = [d[2] for d in receiver.deliveries if d[1] == "x"]
+            assert keys == [idempotency_key(JOB, "x", "notify"), idempotency_key(JOB, "x", "notify", 1)]
         else:
             # The new input counts as already handled: nothing ran, nothing was sent.
             assert (after.executed_steps, after.skipped_steps) == (0, 6)

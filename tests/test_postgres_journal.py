@@ -106,6 +106,7 @@ def test_a_version_3_journal_is_migrated_and_its_jobs_count_as_finished(postgres
         run_batch(journal, JOB, items(2), sending([]))
     with admin(postgres_url) as conn:  # back to what a version 3 journal looks like
         conn.execute("ALTER TABLE resumable.jobs DROP COLUMN finished_at")
+        conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent")
         conn.execute("UPDATE resumable.meta SET value = '3' WHERE key = 'schema_version'")
     with StepJournal(postgres_url) as journal:
         (job,) = journal.jobs()
@@ -113,6 +114,26 @@ def test_a_version_3_journal_is_migrated_and_its_jobs_count_as_finished(postgres
     with admin(postgres_url) as conn:
         assert conn.execute("SELECT value FROM resumable.meta WHERE key = 'schema_version'").fetchone()[0] == str(
             SCHEMA_VERSION)
+
+
+def test_a_version_4_journal_is_migrated_and_keeps_its_keys(postgres_url):
+    """Version 5 added steps.generation and steps.not_sent: existing rows are generation 0 (the keys
+    earlier releases sent under) and not flagged, so a held send stays held."""
+    with StepJournal(postgres_url) as journal:
+        with journal.open_job(JOB) as run:
+            run.mark_in_flight("a", "send", "d" * 64)
+    with admin(postgres_url) as conn:  # back to what a version 4 journal looks like
+        conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent")
+        conn.execute("UPDATE resumable.meta SET value = '4' WHERE key = 'schema_version'")
+    with StepJournal(postgres_url) as journal:
+        (row,) = journal.rows(JOB)
+        assert (row.status.value, row.generation, row.not_sent) == ("IN_FLIGHT", 0, False)
+        assert journal.jobs()[0].unresolved == 1
+    with admin(postgres_url) as conn:
+        assert conn.execute("SELECT value FROM resumable.meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION)
+        with pytest.raises(Exception, match="not_sent"):
+            conn.execute("UPDATE resumable.steps SET not_sent = 2")
 
 
 def test_a_schema_that_holds_other_tables_is_refused_and_left_alone(postgres_url):

@@ -1,17 +1,20 @@
 """Property test of the runner + journal (SPEC §0, §3, §5) against a model written from the spec.
 
 Random batches (ids, payloads, order, subsets), random step failures (a local step raising; the send
-failing before the receiver accepted it, or after), random input edits between runs, and a human who
-resolves held steps by asking the receiver (its receipt if it has the idempotency key, else "not
-delivered") and input changes at random (keep previous / use new). After every run:
+failing before the receiver accepted it, or after, or provably never leaving: ``NotSentError``),
+random input edits between runs, and a human who resolves held steps by asking the receiver (its
+receipt if it has the idempotency key, else "not delivered") and input changes at random (keep
+previous / use new). After every run:
 
 * the receiver never got a (job, item, step) twice, except after an explicit ``use_new_input``
-  resolution of that item (which by definition sends the new input again);
+  resolution of that item (which by definition sends the new input again), and then under a key it
+  never saw (the item's next key generation, SPEC §9);
 * every item of the batch ended SUCCEEDED on every step (for its current input) or is in ``held``;
 * executed + skipped counts are exactly what the spec says: per completed item, every step is either
   executed or skipped; per held item, exactly the steps before the held one are; executed equals the
   number of step calls that returned; skipped includes sends settled by ``verify``;
-* the journal's rows (status, digest, held reason, new digest, attempts) equal the model's.
+* the journal's rows (status, digest, held reason, new digest, attempts, key generation, not-sent
+  flag) equal the model's.
 
 The property runs with ``concurrency`` 1, 2 and 16. With sends on worker threads, a run
 that stops on an exception may have started items after the failing one (their sends are recorded
@@ -37,7 +40,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
-from airflow_resumable.runner import Step, StepContext, canonical_digest, run_batch
+from airflow_resumable.runner import NotSentError, Step, StepContext, canonical_digest, run_batch
 from tests.receivers import AcceptedThenLost, RefusedBeforeAccept
 
 # validate, transform: local; notify: the side effect; ack: a local step after the send.
@@ -45,7 +48,7 @@ STEPS = (("validate", False), ("transform", False), ("notify", True), ("ack", Fa
 STEP_NAMES = tuple(name for name, _ in STEPS)
 SIDE_EFFECT = {name: side for name, side in STEPS}
 FAULT_STEPS = ("validate", "transform", "notify", "notify", "notify", "ack")
-LOCAL_FAULT, BEFORE_ACCEPT, AFTER_ACCEPT = "raise", "before_accept", "after_accept"
+LOCAL_FAULT, BEFORE_ACCEPT, AFTER_ACCEPT, UNREACHABLE = "raise", "before_accept", "after_accept", "unreachable"
 IC, UO = HeldReason.INPUT_CHANGED.value, HeldReason.UNKNOWN_OUTCOME.value
 
 
@@ -53,7 +56,12 @@ class LocalBoom(Exception):
     pass
 
 
-FAULT_ERRORS = {LOCAL_FAULT: LocalBoom, BEFORE_ACCEPT: RefusedBeforeAccept, AFTER_ACCEPT: AcceptedThenLost}
+class Unreachable(NotSentError):
+    pass
+
+
+FAULT_ERRORS = {LOCAL_FAULT: LocalBoom, BEFORE_ACCEPT: RefusedBeforeAccept, AFTER_ACCEPT: AcceptedThenLost,
+                UNREACHABLE: Unreachable}
 
 
 # ------------------------------------------------------------------------------- the outside world
@@ -66,7 +74,7 @@ class Receiver:
         self.job_id = job_id
         self.by_key: dict[str, str] = {}
         self.counts: dict[tuple[str, str], int] = {}
-        self.key_of: dict[tuple[str, str], str] = {}
+        self.key_of: dict[tuple[str, str, int], str] = {}  # (item, step, generation) -> key
         self.reset_allowed: set[str] = set()  # items whose next delivery may repeat (use_new_input)
         self.violations: list[str] = []
         self.lock = threading.Lock()  # sends arrive on worker threads when concurrent
@@ -75,10 +83,10 @@ class Receiver:
         assert ctx.job_id == self.job_id
         key = ctx.idempotency_key
         assert isinstance(key, str) and 0 < len(key) <= 255 and key.isascii() and key.isprintable()
-        known = self.key_of.setdefault((ctx.item_id, ctx.step), key)
+        known = self.key_of.setdefault((ctx.item_id, ctx.step, ctx.generation), key)
         assert known == key, "the idempotency key must be the same on every retry"
         owners = [k for k, v in self.key_of.items() if v == key]
-        assert owners == [(ctx.item_id, ctx.step)], "idempotency keys must be distinct per (item, step)"
+        assert owners == [(ctx.item_id, ctx.step, ctx.generation)], "keys must be distinct per (item, step, generation)"
 
     def deliver(self, ctx: StepContext) -> str:
         with self.lock:
@@ -89,6 +97,8 @@ class Receiver:
         target = (ctx.item_id, ctx.step)
         if self.counts.get(target, 0) and ctx.item_id not in self.reset_allowed:
             self.violations.append(f"{target} delivered again without a use_new_input resolution")
+        if ctx.idempotency_key in self.by_key:
+            self.violations.append(f"{target} sent under a key already delivered: a deduping receiver drops it")
         self.reset_allowed.discard(ctx.item_id)
         self.counts[target] = self.counts.get(target, 0) + 1
         receipt = f"rcpt-{ctx.item_id}-{self.counts[target]}"
@@ -117,10 +127,10 @@ class World:
                     assert isinstance(ctx.outputs["notify"], str) and ctx.outputs["notify"].startswith("rcpt-")
                 fault = self.faults.get((ctx.item_id, name))
                 if SIDE_EFFECT[name]:
-                    if fault == BEFORE_ACCEPT:
+                    if fault in (BEFORE_ACCEPT, UNREACHABLE):
                         with self.receiver.lock:
                             self.receiver.check_key(ctx)
-                        raise RefusedBeforeAccept()
+                        raise FAULT_ERRORS[fault]()
                     receipt = self.receiver.deliver(ctx)
                     if fault == AFTER_ACCEPT:
                         raise AcceptedThenLost()
@@ -155,6 +165,8 @@ class Row:
     held: str | None = None
     new_digest: str | None = None
     attempts: int = 0
+    generation: int = 0
+    not_sent: bool = False
 
 
 @dataclass
@@ -202,7 +214,8 @@ class Model:
                         self.rows[key] = replace(row, held=None, new_digest=None)
                     out.skipped += 1
                     continue
-                if row is not None and SIDE_EFFECT[name]:  # rule 4: never send again; verify or hold
+                not_sent = row is not None and row.not_sent and row.status == "FAILED"  # §9: send it
+                if row is not None and SIDE_EFFECT[name] and not not_sent:  # rule 4: never send again; verify or hold
                     if self.world.with_verify and self.world.receiver.lookup(self._key(item_id, name)):
                         self.rows[key] = replace(row, status="SUCCEEDED", held=None, new_digest=None)
                         out.skipped += 1
@@ -213,37 +226,41 @@ class Model:
                     out.held.append((item_id, name, UO))
                     out.counted += index
                     break
-                # no row, or a local step IN_FLIGHT / FAILED (rule 3): run it
-                attempts = (row.attempts if row else 0) + 1
+                # no row, a local step IN_FLIGHT / FAILED (rule 3), or a send that never left: run it
+                attempts, generation = (row.attempts, row.generation) if row else (0, 0)
                 fault = faults.get(key)
                 if fault is not None:  # rule 5: FAILED, and the run stops with the exception
-                    self.rows[key] = Row("FAILED", digest, attempts=attempts)
+                    self.rows[key] = Row("FAILED", digest, attempts=attempts + 1, generation=generation,
+                                         not_sent=fault == UNREACHABLE)
                     out.raised = FAULT_ERRORS[fault]
                     return out
-                self.rows[key] = Row("SUCCEEDED", digest, attempts=attempts)
+                self.rows[key] = Row("SUCCEEDED", digest, attempts=attempts + 1, generation=generation)
                 out.executed += 1
             else:
                 out.completed += 1
         return out
 
     def _key(self, item_id: str, step: str) -> str:
-        return self.world.receiver.key_of.get((item_id, step), "")
+        row = self.rows[(item_id, step)]
+        return self.world.receiver.key_of.get((item_id, step, row.generation), "")
 
     def resolve(self, item_id: str, step: str, delivered: bool) -> None:
         row = self.rows[(item_id, step)]
         assert row.held == UO and row.status != "SUCCEEDED"
         if delivered:
             self.rows[(item_id, step)] = replace(row, status="SUCCEEDED", held=row.held if row.held == IC else None)
-        else:
-            del self.rows[(item_id, step)]
+        else:  # owed under the same key: the next run sends it once, without verify
+            self.rows[(item_id, step)] = replace(row, status="FAILED", held=None, not_sent=True)
 
     def resolve_input_change(self, item_id: str, use_new: bool) -> None:
         mine = {k: r for k, r in self.rows.items() if k[0] == item_id}
         changed = [r for r in mine.values() if r.held == IC]
         assert len(changed) == 1
         for key, row in mine.items():
-            if use_new:
-                del self.rows[key]
+            if use_new:  # a new operation: every step runs again; sends under the next key generation
+                side = SIDE_EFFECT[key[1]]
+                self.rows[key] = replace(row, status="FAILED", digest=changed[0].new_digest, held=None,
+                                         new_digest=None, generation=row.generation + side, not_sent=side)
             else:
                 self.rows[key] = replace(row, digest=changed[0].new_digest, new_digest=None,
                                          held=None if row.held == IC else row.held)
@@ -255,7 +272,7 @@ class Model:
 def journal_rows(journal: StepJournal, job_id: str) -> dict[tuple[str, str], Row]:
     return {
         (r.item_id, r.step): Row(r.status.value, r.digest, None if r.held_reason is None else r.held_reason.value,
-                                 r.new_digest, r.attempts)
+                                 r.new_digest, r.attempts, r.generation, r.not_sent)
         for r in journal.rows(job_id)
     }
 
@@ -305,7 +322,7 @@ def check_run(journal: StepJournal, world: World, model: Model, job_id: str, bat
         event("verify found a receipt")
     try:
         result = run_batch(journal, job_id, [dict(item) for item in batch], world.steps(), concurrency=concurrency)
-    except (LocalBoom, RefusedBeforeAccept, AcceptedThenLost) as exc:
+    except (LocalBoom, RefusedBeforeAccept, AcceptedThenLost, Unreachable) as exc:
         assert expected.raised is not None, f"raised {type(exc).__name__}, the model expected no exception"
         if concurrency == 1:
             assert expected.raised is type(exc), f"raised {type(exc).__name__}, model expected {expected.raised}"
@@ -376,7 +393,7 @@ def resolve_holds(journal: StepJournal, world: World, model: Model, job_id: str,
                 world.receiver.reset_allowed.add(held.item_id)
                 resets[held.item_id] = resets.get(held.item_id, 0) + 1
         else:
-            key = world.receiver.key_of[(held.item_id, held.step)]
+            key = world.receiver.key_of[(held.item_id, held.step, held.generation)]
             receipt = world.receiver.lookup(key)
             journal.resolve(job_id, held.item_id, held.step, delivered=receipt is not None, receipt=receipt,
                             resolved_by="prop", note="asked the receiver")
@@ -426,7 +443,7 @@ def test_runs_with_faults_edits_and_resolutions(fresh_journal, concurrency, raw_
                     st.dictionaries(
                         # Sends fail more often than local steps: they are what the journal is for.
                         st.tuples(st.sampled_from(order[:size]), st.sampled_from(FAULT_STEPS)),
-                        st.sampled_from([BEFORE_ACCEPT, AFTER_ACCEPT]), max_size=3,
+                        st.sampled_from([BEFORE_ACCEPT, AFTER_ACCEPT, UNREACHABLE]), max_size=3,
                     ),
                     label="faults",
                 )
@@ -467,18 +484,26 @@ def test_runs_with_faults_edits_and_resolutions(fresh_journal, concurrency, raw_
 
 
 def test_the_model_would_catch_a_blind_resend(tmp_path):
-    """Control: the duplicate check fires when a send is repeated without use_new_input."""
+    """Control: the duplicate check fires when a send is repeated without use_new_input, or after it
+    under the old key (which a deduping receiver would drop)."""
     world = World("j", with_verify=False)
 
     class Ctx:
-        job_id, item_id, step, idempotency_key = "j", "a", "notify", "k-1"
+        job_id, item_id, step, idempotency_key, generation = "j", "a", "notify", "k-1", 0
+
+    class NextGeneration(Ctx):
+        idempotency_key, generation = "k-2", 1
 
     world.receiver.deliver(Ctx)  # type: ignore[arg-type]
     world.receiver.deliver(Ctx)  # type: ignore[arg-type]
-    assert world.receiver.violations
-    world.receiver.reset_allowed.add("a")
+    assert len(world.receiver.violations) == 2
     world.receiver.violations.clear()
+    world.receiver.reset_allowed.add("a")
     world.receiver.deliver(Ctx)  # type: ignore[arg-type]
+    assert [v for v in world.receiver.violations if "already delivered" in v]
+    world.receiver.violations.clear()
+    world.receiver.reset_allowed.add("a")
+    world.receiver.deliver(NextGeneration)  # type: ignore[arg-type]
     assert world.receiver.violations == []
 
 

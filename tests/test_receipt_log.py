@@ -123,7 +123,7 @@ def test_a_running_job_cannot_be_resolved(tmp_path):
             assert other.resolutions(JOB) == []
     with StepJournal(path) as journal:  # once the run is over, it can be resolved
         journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="oncall")
-        assert journal.rows(JOB) == []
+        assert [(r.status.value, r.not_sent) for r in journal.rows(JOB)] == [("FAILED", True)]  # owed: sent next run
 
 
 def test_a_failed_flush_keeps_every_record_for_the_next_one(tmp_path):

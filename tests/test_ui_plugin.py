@@ -166,6 +166,7 @@ def test_job_page_and_json_show_the_open_rows(server, admin):
     # What to ask the receiver about, for each send.
     keys = {r["item_id"]: r["idempotency_key"] for r in detail["open_rows"]}
     assert keys["item-041"] == idempotency_key(HELD_JOB, "item-041", "notify_external")
+    assert {(r["generation"], r["not_sent"]) for r in detail["open_rows"]} == {(0, False)}
 
 
 def test_cookie_of_the_airflow_ui_authenticates_the_browser(server, admin):

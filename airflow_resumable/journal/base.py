@@ -198,7 +198,8 @@ class StepJournal:
         params: tuple[str, ...] = ()
         if job_id is not None:
             query, params = query + " AND job_id = ?", (job_id,)
-        return [HeldStep(r[0], r[1], r[2], HeldReason(r[3])) for r in self._read(query + " ORDER BY 1, 2", params)]
+        found = self._read(query + " ORDER BY 1, 2", params)
+        return [HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4])) for r in found]
 
     def open_rows(self, job_id: str) -> list[StepRecord]:
         """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
@@ -272,12 +273,13 @@ class StepJournal:
         found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
         if found is None:
             raise self._no_such_row(tx, job_id, item_id, step)
-        side_effect, status, held_reason = found
-        if not side_effect or status == Status.SUCCEEDED:
+        side_effect, status, held_reason, not_sent = found
+        if not side_effect or status == Status.SUCCEEDED or not_sent:
             raise NotHeldError(
                 f"{job_id} / {item_id} / {step} is {status}"
-                f"{'' if side_effect else ' (a local step)'}, not an unknown-outcome send; "
-                "there is nothing to resolve"
+                f"{'' if side_effect else ' (a local step)'}"
+                f"{' and provably not sent (the next run sends it)' if side_effect and not_sent else ''}, "
+                "not an unknown-outcome send; there is nothing to resolve"
                 + (" (for a changed input use resolve_input_change)" if held_reason else "")
             )
         now = time.time()
@@ -285,7 +287,7 @@ class StepJournal:
         if delivered:
             tx.run(sql.RESOLVE_DELIVERED, (receipt, json.dumps(receipt), keep_reason, now, job_id, item_id, step))
         else:
-            tx.run(sql.DELETE_STEP, (job_id, item_id, step))
+            tx.run(sql.RESOLVE_NOT_DELIVERED, (keep_reason, now, job_id, item_id, step))
         return self._audit(
             tx, job_id, item_id, step, "delivered" if delivered else "not_delivered",
             receipt, note, resolved_by, now, status, held_reason,
@@ -297,8 +299,10 @@ class StepJournal:
         """Settle an item held because its input changed since it was journaled.
 
         ``use_new_input=False`` (keep previous): the new input is taken as already handled; the next
-        run skips the item. ``use_new_input=True``: the item's rows are cleared and the next run
-        processes the new input from scratch (its side effects are sent again).
+        run skips the item. ``use_new_input=True``: the next run processes the new input from scratch;
+        its sends are new operations, under the next generation of their idempotency keys (SPEC §9), so
+        a receiver that dedupes by key does not drop them and one that refuses a reused key with
+        different content is never sent one.
         """
         self._check_person(resolved_by, note)
         if not isinstance(use_new_input, bool):
@@ -316,7 +320,7 @@ class StepJournal:
         step, status, new_digest = found
         now = time.time()
         if use_new_input:
-            tx.run(sql.DELETE_ITEM, (job_id, item_id))
+            tx.run(sql.USE_NEW_INPUT, (new_digest, now, job_id, item_id))
         else:
             tx.run(sql.KEEP_PREVIOUS_INPUT, (new_digest, now, job_id, item_id))
         return self._audit(
@@ -411,7 +415,8 @@ class StepJournal:
     def _quiet_job(self, job_id: str) -> Iterator[None]:
         """Hold the job's claim while resolving: never settle a row its running job is still writing.
 
-        (A send resolved "not delivered" while it is in flight would lose its receipt to the delete.)
+        (A send resolved "not delivered" while it is in flight would lose its receipt to the resolution
+        and be sent again.)
         """
         try:
             claim = self._claim(job_id, runner=RESOLUTION_RUNNER, brief=True)

@@ -105,11 +105,12 @@ class JobRun:
             return found  # ids are unique within a run: only this run could have written them
         for start in range(0, len(item_ids), LOOKUP_CHUNK):
             part = item_ids[start:start + LOOKUP_CHUNK]
-            for item_id, step, status, digest, output, held_reason in self.journal._read(
+            for item_id, step, status, digest, output, held_reason, generation, not_sent in self.journal._read(
                 sql.lookup_rows(len(part)), (self.job_id, *part)
             ):
                 found.setdefault(item_id, {})[step] = StepState(
-                    Status(status), digest, output, None if held_reason is None else HeldReason(held_reason)
+                    Status(status), digest, output, None if held_reason is None else HeldReason(held_reason),
+                    int(generation), bool(not_sent),
                 )
         return found
 
@@ -153,12 +154,12 @@ class JobRun:
     def _row(
         self, item_id: str, step: str, side_effect: bool, status: Status, digest: str, *,
         receipt: str | None = None, output: str | None = None, error_type: str | None = None,
-        attempts: int = 0,
+        attempts: int = 0, not_sent: bool = False,
     ) -> Record:
         now = time.time()
         return sql.UPSERT, (
             self.job_id, item_id, step, int(side_effect), status.value, digest, receipt, output,
-            error_type, attempts, now, now,
+            error_type, attempts, now, now, int(not_sent),
         )
 
     def mark_in_flight(self, item_id: str, step: str, digest: str) -> None:
@@ -203,10 +204,14 @@ class JobRun:
         self._receipts.write(data)  # one write: a kill leaves whole lines and at most one torn
         self._receipt_bytes += len(data)
 
-    def mark_failed(self, item_id: str, step: str, digest: str, *, side_effect: bool, error_type: str) -> None:
+    def mark_failed(
+        self, item_id: str, step: str, digest: str, *, side_effect: bool, error_type: str, not_sent: bool = False,
+    ) -> None:
+        """Record a FAILED step; ``not_sent``: a send that provably never left the process (the next
+        run sends it again without verify or hold)."""
         self._pending.append(
             self._row(item_id, step, side_effect, Status.FAILED, digest, error_type=error_type,
-                      attempts=0 if side_effect else 1)
+                      attempts=0 if side_effect else 1, not_sent=side_effect and not_sent)
         )
         self.flush(durable=False)
 

@@ -56,6 +56,10 @@ class StepRecord:
     attempts: int
     created_at: datetime
     updated_at: datetime
+    # The send's key generation (SPEC §9: 0 unless a use_new_input resolution moved it on) and whether
+    # this FAILED send provably never left the process (the next run sends it without verify).
+    generation: int = 0
+    not_sent: bool = False
 
 
 class StepState(NamedTuple):
@@ -65,6 +69,8 @@ class StepState(NamedTuple):
     digest: str
     output: str | None
     held_reason: HeldReason | None
+    generation: int = 0
+    not_sent: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +79,7 @@ class HeldStep:
     item_id: str
     step: str
     reason: HeldReason
+    generation: int = 0  # of the send's idempotency key (what to ask the receiver about)
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ def ts(value: float) -> datetime:
 
 
 def step_record(row: Any) -> StepRecord:
-    """A ``steps`` row selected as :data:`~airflow_resumable.journal.statements.STEP_COLUMNS`."""
+    """A ``steps`` row selected as :data:`~airflow_resumable.journal.statements.RECORD_COLUMNS`."""
     return StepRecord(
         job_id=row[0],
         item_id=row[1],
@@ -146,4 +153,6 @@ def step_record(row: Any) -> StepRecord:
         attempts=int(row[11]),
         created_at=ts(row[12]),
         updated_at=ts(row[13]),
+        generation=int(row[14]),
+        not_sent=bool(row[15]),
     )

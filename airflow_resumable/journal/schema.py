@@ -7,13 +7,24 @@ by a newer release and is refused, never downgraded.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 # Version 4: when a run last went through the whole batch (NULL while a run is under way, and after
 # one that stopped or died part way: such a job shows as not finished and is never pruned). Jobs
 # journaled before count as finished when they were last updated, as they were shown then.
 def _finished_at(seconds_type: str) -> tuple[str, ...]:
     return (f"ALTER TABLE jobs ADD COLUMN finished_at {seconds_type}", "UPDATE jobs SET finished_at = updated_at")
+
+
+# Version 5 (SPEC §9): a send's key generation (0 = the key earlier versions used, so existing
+# journals keep their keys; a use_new_input resolution starts the next one), and whether a FAILED
+# send provably never left the process (NotSentError, or a not_delivered settlement): such a row is
+# sent again by the next run without verify or hold. Both columns are kept whatever the runner
+# writes, except not_sent, which every write of the row sets.
+_GENERATIONS = (
+    "ALTER TABLE steps ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
+    "ALTER TABLE steps ADD COLUMN not_sent SMALLINT NOT NULL DEFAULT 0 CHECK (not_sent IN (0, 1))",
+)
 
 SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
@@ -82,6 +93,7 @@ SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "CREATE INDEX steps_held ON steps (job_id, item_id) WHERE held_reason IS NOT NULL",
     ),
     4: _finished_at("REAL"),
+    5: _GENERATIONS,
 }
 
 # PostgreSQL journals start at version 3, the same tables and meaning as SQLite's version 3. The
@@ -140,4 +152,5 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
         "INSERT INTO meta (key, value) VALUES ('journal_id', md5(random()::text || clock_timestamp()::text))",
     ),
     4: _finished_at("DOUBLE PRECISION"),
+    5: _GENERATIONS,
 }

@@ -13,15 +13,22 @@ from typing import Any
 
 from airflow_resumable.journal.backend import Statement
 
+# The columns the runner writes (the upserts), and those a StepRecord is read from: the key's
+# generation is never written by a runner (a use_new_input resolution moves it on).
 STEP_COLUMNS = (
     "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, "
-    "held_reason, new_digest, attempts, created_at, updated_at"
+    "held_reason, new_digest, attempts, created_at, updated_at, not_sent"
+)
+RECORD_COLUMNS = (
+    "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, "
+    "held_reason, new_digest, attempts, created_at, updated_at, generation, not_sent"
 )
 
-# Held rows, and side-effect rows not yet SUCCEEDED: what keeps a job from being settled.
-OPEN_ROW = "(held_reason IS NOT NULL OR (side_effect = 1 AND status != 'SUCCEEDED'))"
+# Held rows, and side-effect rows not yet SUCCEEDED whose outcome is unknown: what keeps a job from
+# being settled. A send that provably never left (not_sent) only waits for the next run.
+OPEN_ROW = "(held_reason IS NOT NULL OR (side_effect = 1 AND status != 'SUCCEEDED' AND not_sent = 0))"
 
-UPSERT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?)"
+UPSERT_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, NULL, NULL, ?, ?, ?, ?)"
 UPSERT_VALUES_PER_ROW = UPSERT_ROW.count("?")
 UPSERT_CONFLICT = """
 ON CONFLICT (job_id, item_id, step) DO UPDATE SET
@@ -34,7 +41,8 @@ ON CONFLICT (job_id, item_id, step) DO UPDATE SET
     held_reason = NULL,
     new_digest  = NULL,
     attempts    = steps.attempts + excluded.attempts,
-    updated_at  = excluded.updated_at
+    updated_at  = excluded.updated_at,
+    not_sent    = excluded.not_sent
 """
 UPSERT = f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {UPSERT_ROW}{UPSERT_CONFLICT}"
 
@@ -47,7 +55,7 @@ UPSERT = f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {UPSERT_ROW}{UPSERT_CONFLIC
 _UPSERT_JSON = f"""
 INSERT INTO steps ({STEP_COLUMNS})
 SELECT r->>0, r->>1, r->>2, (r->>3)::smallint, r->>4, r->>5, r->>6, r->>7, r->>8, NULL, NULL,
-       (r->>9)::integer, (r->>10)::double precision, (r->>11)::double precision
+       (r->>9)::integer, (r->>10)::double precision, (r->>11)::double precision, (r->>12)::smallint
 FROM json_array_elements(?::json) AS t(r)
 {{durable}}
 {UPSERT_CONFLICT}"""
@@ -127,7 +135,7 @@ ITEM_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? AND item_id = ? LIMIT 1"
 
 def lookup_rows(count: int) -> str:
     """The rows the decision table needs for ``count`` items of one job."""
-    return f"""SELECT item_id, step, status, digest, output, held_reason FROM steps
+    return f"""SELECT item_id, step, status, digest, output, held_reason, generation, not_sent FROM steps
                WHERE job_id = ? AND item_id IN ({','.join('?' * count)})"""
 
 
@@ -138,33 +146,49 @@ SELECT j.job_id, j.created_at, j.updated_at, j.pruned_at,
        count(CASE WHEN s.status = 'SUCCEEDED' THEN 1 END),
        count(CASE WHEN s.status = 'FAILED' THEN 1 END),
        count(CASE WHEN s.held_reason IS NOT NULL THEN 1 END),
-       count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED' THEN 1 END),
+       count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED'
+                  AND s.not_sent = 0 THEN 1 END),
        j.finished_at
 FROM jobs j LEFT JOIN steps s ON s.job_id = j.job_id
 {where}
 GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at, j.finished_at ORDER BY j.updated_at DESC
 """
 
-JOB_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
-ITEM_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? AND item_id = ? ORDER BY created_at"
-OPEN_ROWS = f"SELECT {STEP_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id"
-HELD = "SELECT job_id, item_id, step, held_reason FROM steps WHERE held_reason IS NOT NULL"
+JOB_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
+ITEM_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND item_id = ? ORDER BY created_at"
+OPEN_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id"
+HELD = "SELECT job_id, item_id, step, held_reason, generation FROM steps WHERE held_reason IS NOT NULL"
 RESOLUTIONS = """
 SELECT id, job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,
        previous_status, previous_held_reason
 FROM resolutions WHERE job_id = ? ORDER BY id
 """
 
-RESOLVABLE_STEP = "SELECT side_effect, status, held_reason FROM steps WHERE job_id = ? AND item_id = ? AND step = ?"
+RESOLVABLE_STEP = """
+SELECT side_effect, status, held_reason, not_sent FROM steps WHERE job_id = ? AND item_id = ? AND step = ?
+"""
 RESOLVE_DELIVERED = """
 UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, held_reason = ?, updated_at = ?
 WHERE job_id = ? AND item_id = ? AND step = ?
 """
-DELETE_STEP = "DELETE FROM steps WHERE job_id = ? AND item_id = ? AND step = ?"
+# not_delivered: the send is owed, under the same key (the generation stays): the next run sends it
+# once, without verify. A row is never deleted while its key may have reached a receiver.
+RESOLVE_NOT_DELIVERED = """
+UPDATE steps SET status = 'FAILED', not_sent = 1, receipt = NULL, output = NULL, error_type = NULL,
+       held_reason = ?, updated_at = ?
+WHERE job_id = ? AND item_id = ? AND step = ?
+"""
 INPUT_CHANGE_HOLD = """
 SELECT step, status, new_digest FROM steps WHERE job_id = ? AND item_id = ? AND held_reason = 'input_changed'
 """
-DELETE_ITEM = "DELETE FROM steps WHERE job_id = ? AND item_id = ?"
+# use_new_input: the new input is a new operation. Every step of the item runs again on it: its sends
+# move to their next key generation and are owed (not_sent: no key of that generation was ever used),
+# its local steps are FAILED so they run again. The rows stay, all with the new digest, as any item's do.
+USE_NEW_INPUT = """
+UPDATE steps SET generation = generation + side_effect, not_sent = side_effect, status = 'FAILED', digest = ?,
+       receipt = NULL, output = NULL, error_type = NULL, held_reason = NULL, new_digest = NULL, updated_at = ?
+WHERE job_id = ? AND item_id = ?
+"""
 KEEP_PREVIOUS_INPUT = """
 UPDATE steps SET digest = ?, new_digest = NULL, updated_at = ?,
        held_reason = CASE WHEN held_reason = 'input_changed' THEN NULL ELSE held_reason END

@@ -6,8 +6,12 @@ Needs the ``http`` extra (``apache-airflow-providers-http``). Use it as a pair::
     receiver = HttpReceiver(http_conn_id="receiver")
     ResumableBatchOperator(task_id="send", items=..., notify=receiver.notify, verify=receiver.verify)
 
-Errors map to the runner's rules: a timeout, a dropped connection or a 5xx reply raise, so the step
-is recorded FAILED and its outcome is *unknown* - the next run verifies it by key, never re-sends.
+Errors map to the runner's rules: a read timeout, a dropped connection or a 5xx reply raise, so the
+step is recorded FAILED and its outcome is *unknown* - the next run verifies it by key, never re-sends.
+Only a failure to open the connection - refused, the name did not resolve, the connect timed out - is
+certain to have written no byte of the request: ``notify`` raises ``ReceiverUnreachable`` (a
+``NotSentError``) for those, and the next run sends the item without verify or hold. A TLS handshake
+failure, a proxy error or a reset on a reused connection stay unknown: they are not proof.
 """
 
 from __future__ import annotations
@@ -16,10 +20,12 @@ from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
 
+import requests
 from airflow.providers.http.hooks.http import HttpHook
+from urllib3.exceptions import NewConnectionError
 
 from airflow_resumable.errors import ResumableError
-from airflow_resumable.runner import NOT_DELIVERED, StepContext, _NotDelivered
+from airflow_resumable.runner import NOT_DELIVERED, NotSentError, StepContext, _NotDelivered
 
 # Our settings in the connection's extra. HttpHook sends every other extra field as a request header;
 # a header set to None is dropped when requests merges the session's headers into the request's.
@@ -32,6 +38,21 @@ class ReceiverError(ResumableError):
     def __init__(self, status: int) -> None:
         super().__init__(f"receiver answered HTTP {status}")
         self.status = status
+
+
+class ReceiverUnreachable(NotSentError):
+    """The connection to the receiver could not be opened: no byte of the request was written."""
+
+
+def _never_written(exc: requests.exceptions.ConnectionError) -> bool:
+    """Whether ``exc`` happened before any byte of the request was written: the connect timed out,
+    or opening the connection failed (refused, unreachable, the name did not resolve). requests wraps
+    the latter as ConnectionError(MaxRetryError(reason=NewConnectionError)); NameResolutionError is a
+    NewConnectionError. A reused pooled connection that fails while sending is a ProtocolError."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):
+        return True
+    cause = exc.args[0] if exc.args else None
+    return isinstance(getattr(cause, "reason", None), NewConnectionError)
 
 
 class HttpReceiver:
@@ -84,12 +105,17 @@ class HttpReceiver:
 
     def notify(self, item: Mapping[str, Any], ctx: StepContext) -> str:
         body = self.payload(item, ctx) if self.payload else {"item_id": ctx.item_id, "step": ctx.step, "item": dict(item)}
-        response = self._post.run(
-            self.endpoint,
-            json=body,
-            headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json", **_NOT_HEADERS},
-            extra_options={"timeout": self.timeout, "check_response": False},
-        )
+        try:
+            response = self._post.run(
+                self.endpoint,
+                json=body,
+                headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json", **_NOT_HEADERS},
+                extra_options={"timeout": self.timeout, "check_response": False},
+            )
+        except requests.exceptions.ConnectionError as exc:
+            if _never_written(exc):
+                raise ReceiverUnreachable(f"could not connect to the receiver ({type(exc).__name__})") from exc
+            raise
         if response.status_code >= 400:
             raise ReceiverError(response.status_code)
         return str(response.json()[self.receipt_field])

@@ -180,8 +180,10 @@ def _row_dict(row: StepRecord) -> dict[str, Any]:
         "attempts": row.attempts,
         "error_type": row.error_type,
         "receipt": row.receipt,
-        # What to ask the receiver about (side-effect steps only).
-        "idempotency_key": idempotency_key(row.job_id, row.item_id, row.step) if row.side_effect else None,
+        # What to ask the receiver about (side-effect steps only), and of which key generation (SPEC §9).
+        "idempotency_key": idempotency_key(row.job_id, row.item_id, row.step, row.generation) if row.side_effect else None,
+        "generation": row.generation,
+        "not_sent": row.not_sent,  # a FAILED send that provably never left: the next run sends it
         "updated_at": row.updated_at.isoformat(),
     }
 
@@ -424,6 +426,6 @@ def resolve_page(
         raise HTTPException(status_code=404, detail="no such held step (it may be resolved already)")
     return _page(
         request, "resolve.html", job_id=job_id, row=_row_dict(row), decisions=DECISIONS_BY_REASON[row.held_reason],
-        idempotency_key=idempotency_key(job_id, item_id, step), resolve_dag_id=RESOLVE_DAG_ID, viewer=viewer,
+        idempotency_key=idempotency_key(job_id, item_id, step, row.generation), resolve_dag_id=RESOLVE_DAG_ID, viewer=viewer,
         may_settle=viewer.may_settle(job_id),
     )
