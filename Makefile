@@ -16,7 +16,7 @@ PYTHON_MATRIX ?= 3.10 3.13
 # official constraints file is out of reach here, so pip (>= 26) picks what existed in May 2026.
 PIP_ARGS_3.2.2 = --uploaded-prior-to 2026-06-01T00:00:00Z
 AIRFLOW_LAYER_TESTS = tests/test_airflow_layer.py tests/test_ui_plugin.py tests/test_metrics_and_link.py \
-	tests/test_sensor_journal.py
+	tests/test_sensor_journal.py tests/test_review_operator.py
 CORE_TESTS = tests/test_article_scenario.py tests/test_bad_input.py tests/test_cli.py tests/test_crash_matrix.py \
 	tests/test_decide.py tests/test_durability.py tests/test_job_lock.py tests/test_journal.py \
 	tests/test_postgres_failures.py tests/test_postgres_journal.py tests/test_properties.py \

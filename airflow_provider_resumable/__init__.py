@@ -6,7 +6,9 @@ when ``[core] load_examples`` is on. They are:
 
 * ``resolve_held_item``: the resolve DAG (see ``airflow_resumable.operators.resolve.resolve_held_item_dag``);
 * ``article_resumable``, ``article_resumable_verify``, ``article_rerun_everything``: the article's
-  scenario against the demo receiver (Airflow connection ``demo_receiver``).
+  scenario against the demo receiver (Airflow connection ``demo_receiver``);
+* ``article_review``: the same batch whose held items become Airflow "Required actions"
+  (``airflow_resumable.operators.review.ReviewHeldItemsOperator``), then a second pass.
 
 With examples off (production), put ``dag = resolve_held_item_dag()`` in a file of your DAGs folder.
 """

@@ -9,7 +9,9 @@ Never anything from ``dag_run.conf`` or XCom: a run's conf must not choose where
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -174,3 +176,34 @@ def default_job_id(context: Any) -> str:
     if map_index is not None and map_index >= 0:
         job_id += f"/{map_index}"
     return job_id
+
+
+def batch_job(context: Any, *, owner: str, job_id: str | None, batch_task_id: str | None) -> tuple[str, str | None]:
+    """The job a sensor or review task is about: ``job_id`` if given, else the one the batch task's
+    XCom summary names; with the journal id that summary recorded (None when not known). The journal
+    itself is never taken from XCom."""
+    if job_id is not None:
+        return job_id, None
+    summary = context["ti"].xcom_pull(task_ids=batch_task_id, key=SUMMARY_XCOM_KEY)
+    if not isinstance(summary, dict) or not isinstance(summary.get("job_id"), str):
+        raise ValueError(
+            f"{owner}: task {batch_task_id!r} left no resumable summary in XCom; "
+            "is it a ResumableBatchOperator that ran in this DAG run?"
+        )
+    recorded = summary.get("journal_id")
+    return summary["job_id"], recorded if isinstance(recorded, str) else None
+
+
+@contextlib.contextmanager
+def open_batch_journal(target: JournalTarget, *, owner: str, recorded_id: str | None) -> Iterator[Any]:
+    """The journal of a task downstream of the batch (sensor, review), refused if it is not there or
+    is not the journal the batch task's summary recorded (``recorded_id``)."""
+    if not target.exists():
+        raise ValueError(f"{owner}: there is no journal at {target.display} on this worker")
+    with target.open() as journal:
+        if recorded_id is not None and recorded_id != journal.journal_id:
+            raise ValueError(
+                f"{owner}: the batch task ran on another journal than this task's ({journal.location}); "
+                "give this task the same journal_conn_id / journal_path as the batch task"
+            )
+        yield journal

@@ -27,6 +27,7 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": [
                     "airflow_resumable.operators.resumable_batch",
                     "airflow_resumable.operators.resolve",
+                    "airflow_resumable.operators.review",
                 ],
             }
         ],

@@ -5,4 +5,5 @@ from airflow_provider_resumable.example_dags.article_scenario import (  # noqa: 
     article_rerun_everything,
     article_resumable,
     article_resumable_verify,
+    article_review,
 )

@@ -6,11 +6,13 @@ cleared, and the page shows the job completed. Screenshots at 1280 and 390 px ar
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -72,11 +74,27 @@ def airflow_up(tmp_path_factory):
         server = airflow_server.start(["standalone"], env, f"http://127.0.0.1:{port}", tmp / "standalone.log",
                                       timeout=300)
         server.receiver = receiver
+        server.journal = tmp / "worker" / "journal.sqlite3"
         yield server
     finally:
         if server is not None:
             server.stop()
         receiver.stop()
+
+
+@contextlib.contextmanager
+def signed_in_page(url: str, token: str):
+    """A Chromium page at 1280 px, signed in to Airflow with ``token``."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
+        try:
+            context = browser.new_context(viewport={"width": 1280, "height": 900})
+            context.add_cookies([{"name": "_token", "value": token, "url": url}])
+            yield context.new_page()
+        finally:
+            browser.close()
 
 
 def shoot(page, name: str) -> None:
@@ -153,28 +171,21 @@ def test_resolve_item_41_from_the_resumable_jobs_page(airflow_up):
         {"dry_run": False, "task_ids": ["send"], "dag_run_id": run_id, "only_failed": False, "reset_dag_runs": True})
     wait_for("the cleared batch to succeed", lambda: api(run_url, admin)["state"] == "success", 300, server)
 
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=["--no-sandbox"])
-        try:
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
-            context.add_cookies([{"name": "_token", "value": admin, "url": url}])
-            page = context.new_page()
-            page.goto(url + "/resumable/")
-            job = page.locator("#jobs tr", has_text=job_id)
-            expect(job).to_contain_text("completed")
-            expect(page.locator("body")).to_contain_text("Nothing is held for a human.")
-            shoot(page, "jobs-1280")
-            page.set_viewport_size({"width": 390, "height": 844})
-            shoot(page, "jobs-390")
-            page.set_viewport_size({"width": 1280, "height": 900})
-            job.get_by_role("link").first.click()
-            expect(page.locator("#job-status")).to_have_text("completed")
-            expect(page.locator("body")).to_contain_text("delivered")  # the resolution, in the audit table
-            shoot(page, "job-1280")
-            page.set_viewport_size({"width": 390, "height": 844})
-            shoot(page, "job-390")
-        finally:
-            browser.close()
+    with signed_in_page(url, admin) as page:
+        page.goto(url + "/resumable/")
+        job = page.locator("#jobs tr", has_text=job_id)
+        expect(job).to_contain_text("completed")
+        expect(page.locator("body")).to_contain_text("Nothing is held for a human.")
+        shoot(page, "jobs-1280")
+        page.set_viewport_size({"width": 390, "height": 844})
+        shoot(page, "jobs-390")
+        page.set_viewport_size({"width": 1280, "height": 900})
+        job.get_by_role("link").first.click()
+        expect(page.locator("#job-status")).to_have_text("completed")
+        expect(page.locator("body")).to_contain_text("delivered")  # the resolution, in the audit table
+        shoot(page, "job-1280")
+        page.set_viewport_size({"width": 390, "height": 844})
+        shoot(page, "job-390")
 
     stats = receiver.call("/stats")[1]
     assert stats["duplicates"] == 0 and stats["items"] == 50, stats
@@ -182,3 +193,69 @@ def test_resolve_item_41_from_the_resumable_jobs_page(airflow_up):
     summary = api(xcom, admin)["value"]
     summary = json.loads(summary) if isinstance(summary, str) else summary
     assert (summary["status"], summary["executed_steps"]) == ("completed", 0)
+
+
+def test_held_item_settled_in_airflows_required_actions(airflow_up):
+    """Acceptance 5 (issue 11): the review task puts the held item before a human in Airflow's own
+    "Required actions" (REST hitlDetails, and the page, screenshot); a response through the REST API
+    settles it in the journal under the responder's name, and the downstream pass sends it once."""
+    from playwright.sync_api import expect
+
+    from airflow_resumable.journal import StepJournal
+    from airflow_resumable.operators.review import APPLY
+
+    server, receiver = airflow_up, airflow_up.receiver
+    url = server.url
+    admin = airflow_server.token(url, "admin")
+    wait_for("the review DAG to be parsed", lambda: api(url + "/api/v2/dags/article_review", admin), 240, server)
+    before = receiver.call("/stats")[1]["per_item"]
+    # Item 41 is refused before the receiver accepts it (a 503): try 1 fails there; try 2 cannot tell
+    # (no verify) and holds it; on_held="succeed" hands it to the review task.
+    assert receiver.call("/faults", {"item_id": "item-041", "mode": "before_accept"})[0] == 200
+    api(url + "/api/v2/dags/article_review", admin, "PATCH", {"is_paused": False})
+    run_id = api(url + "/api/v2/dags/article_review/dagRuns", admin, "POST", {"logical_date": None})["dag_run_id"]
+    run_url = f"{url}/api/v2/dags/article_review/dagRuns/{urllib.request.quote(run_id, safe='')}"
+    job_id = f"article_review/send/{run_id}"
+    hitl_url = f"{run_url}/taskInstances/review/-1/hitlDetails"
+
+    def asked():
+        try:
+            return api(hitl_url, admin)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+    detail = wait_for("the review's required action", asked, 300, server)
+    key = idempotency_key(job_id, "item-041", STEP)
+    assert detail["options"] == [APPLY, "Leave all held"] and detail["response_received"] is False
+    assert "item-041" in detail["body"] and key in detail["body"] and "unknown_outcome" in detail["body"]
+    assert detail["params"]["item_1"]["schema"]["enum"] == ["leave_held", "delivered", "not_delivered"]
+    assert api(f"{run_url}/taskInstances/send", admin)["state"] == "success"
+
+    with signed_in_page(url, admin) as page:
+        page.goto(f"{url}/dags/article_review/runs/{urllib.request.quote(run_id, safe='')}/tasks/review/"
+                  "required_actions")
+        expect(page.get_by_text("Held items of the article's batch").first).to_be_visible(timeout=60_000)
+        expect(page.get_by_text(key).first).to_be_visible(timeout=60_000)
+        shoot(page, "required-action-1280")
+
+    # The on-call engineer asks the receiver: no record of the key. Answer through the REST API.
+    assert receiver.call("/notifications/" + key)[0] == 404
+    answer = api(hitl_url, admin, "PATCH", {"chosen_options": [APPLY], "params_input": {
+        "item_1": "not_delivered", "receipt_1": "", "note": "receiver has no record"}})
+    assert answer["chosen_options"] == [APPLY]
+    wait_for("the run to finish", lambda: api(run_url, admin)["state"] in ("success", "failed"), 300, server)
+    states = {ti["task_id"]: ti["state"] for ti in api(f"{run_url}/taskInstances", admin)["task_instances"]}
+    assert states == {"send": "success", "review": "success", "second_pass": "success"}, (states, server.tail())
+    review = api(f"{run_url}/taskInstances/review/xcomEntries/return_value?deserialize=true&stringify=false",
+                 admin)["value"]
+    review = json.loads(review) if isinstance(review, str) else review
+    assert (review["applied"], review["held"], review["responded_by"]) == (1, 0, "admin")
+    with StepJournal(server.journal) as journal:
+        (audit,) = journal.resolutions(job_id)
+        assert (audit.item_id, audit.step, audit.decision, audit.resolved_by, audit.note) == (
+            "item-041", STEP, "not_delivered", "admin", "receiver has no record")
+        assert journal.job(job_id).status == "completed"
+    # Every item reached the receiver once more than before this run: item 41 once, by the second pass.
+    after = receiver.call("/stats")[1]["per_item"]
+    assert {item: after[item] - before.get(item, 0) for item in after} == {f"item-{i:03d}": 1 for i in range(1, 51)}

@@ -131,7 +131,7 @@ def test_installed_wheel_lists_as_a_provider_and_runs_the_article_dag(dist, tmp_
     # Airflow prints its warnings (no graphviz) to stdout as well: the JSON is the line that starts with "[".
     dags = {d["dag_id"]: d["fileloc"] for d in json.loads(_json_line(listed.stdout))}
     assert set(dags) == {"resolve_held_item", "article_resumable", "article_resumable_verify",
-                         "article_rerun_everything"}, listed.stdout
+                         "article_rerun_everything", "article_review"}, listed.stdout
     assert all(path.startswith(examples) for path in dags.values()), dags
 
     receiver = subprocess.Popen(

@@ -3,6 +3,8 @@
 * ``article_resumable``: ResumableBatchOperator with the HTTP notifier (retries=1). Arm a fault for
   item-041 on the receiver (``POST /faults``) to see try 1 fail there and try 2 resume.
 * ``article_rerun_everything``: the same work with no journal: a retry starts again from item 1.
+* ``article_review``: held items go to Airflow's own "Required actions" (``ReviewHeldItemsOperator``),
+  then a second pass of the same job resumes.
 
 The receiver is the Airflow connection ``demo_receiver`` (e.g. ``AIRFLOW_CONN_DEMO_RECEIVER``).
 Simulated waits as in the article: 1.5 ms per local step; the send is a real HTTP call.
@@ -19,6 +21,7 @@ from airflow.sdk import DAG
 
 from airflow_resumable.notifiers.http import HttpReceiver
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+from airflow_resumable.operators.review import ReviewHeldItemsOperator
 from airflow_resumable.runner import Step, StepContext, idempotency_key
 
 ITEMS = [{"id": f"item-{i:03d}", "amount": i * 100, "to": f"user{i}@example.test"} for i in range(1, 51)]
@@ -67,3 +70,17 @@ with DAG("article_resumable_verify", schedule=None, start_date=START, catchup=Fa
 with DAG("article_rerun_everything", schedule=None, start_date=START, catchup=False,
          default_args=retry_once, tags=["demo"]) as article_rerun_everything:
     PythonOperator(task_id="send", python_callable=rerun_everything)
+
+with DAG("article_review", schedule=None, start_date=START, catchup=False,
+         default_args=retry_once, tags=["resumable", "demo"]) as article_review:
+    article_steps = [Step("validate", validate), Step("transform", transform),
+                     Step("notify_external", receiver.notify, side_effect=True)]
+    send = ResumableBatchOperator(task_id="send", items=ITEMS, steps=article_steps, on_held="succeed")
+    # Who may answer: this DAG's permissions, narrowed further with assigned_users=[{"id": ..., "name": ...}].
+    review = ReviewHeldItemsOperator(task_id="review", batch_task_id="send",
+                                     subject="Held items of the article's batch")
+    second_pass = ResumableBatchOperator(
+        task_id="second_pass", items=ITEMS, steps=article_steps,
+        job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
+    )
+    send >> review >> second_pass

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
-from airflow_resumable._airflow import SUMMARY_XCOM_KEY, JournalTarget, journal_target
+from airflow_resumable._airflow import JournalTarget, batch_job, journal_target, open_batch_journal
 from airflow_resumable.runner import verify_held
 from airflow_resumable.triggers.held_items import HeldItemTrigger
 
@@ -76,16 +76,8 @@ class HeldItemSensor(BaseSensorOperator):
     def _target(self, context: Context) -> tuple[str, JournalTarget, str | None]:
         """The job, this sensor's journal, and the journal id the batch task's summary recorded."""
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-        if self.job_id is not None:
-            return self.job_id, target, None
-        summary = context["ti"].xcom_pull(task_ids=self.batch_task_id, key=SUMMARY_XCOM_KEY)
-        if not isinstance(summary, dict) or not isinstance(summary.get("job_id"), str):
-            raise ValueError(
-                f"{self.task_id}: task {self.batch_task_id!r} left no resumable summary in XCom; "
-                "is it a ResumableBatchOperator that ran in this DAG run?"
-            )
-        recorded = summary.get("journal_id")
-        return summary["job_id"], target, recorded if isinstance(recorded, str) else None
+        job_id, recorded = batch_job(context, owner=self.task_id, job_id=self.job_id, batch_task_id=self.batch_task_id)
+        return job_id, target, recorded
 
     def execute(self, context: Context) -> Any:
         if self.deferrable is False:  # reschedule mode: poke() finds the journal itself
@@ -130,14 +122,7 @@ class HeldItemSensor(BaseSensorOperator):
 
     def _check(self, job_id: str, target: JournalTarget, recorded_id: str | None) -> str | None:
         """None once the job is settled; else the id of the journal that holds it."""
-        if not target.exists():
-            raise ValueError(f"{self.task_id}: there is no journal at {target.display} on this worker")
-        with target.open() as journal:
-            if recorded_id is not None and recorded_id != journal.journal_id:
-                raise ValueError(
-                    f"{self.task_id}: the batch task ran on another journal than this sensor's ({journal.location}); "
-                    "give the sensor the same journal_conn_id / journal_path as the batch task"
-                )
+        with open_batch_journal(target, owner=self.task_id, recorded_id=recorded_id) as journal:
             job = journal.job(job_id)
             if job is None:
                 raise ValueError(f"{self.task_id}: journal {journal.location} has no job {job_id!r}")
