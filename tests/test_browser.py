@@ -259,3 +259,36 @@ def test_held_item_settled_in_airflows_required_actions(airflow_up):
     # Every item reached the receiver once more than before this run: item 41 once, by the second pass.
     after = receiver.call("/stats")[1]["per_item"]
     assert {item: after[item] - before.get(item, 0) for item in after} == {f"item-{i:03d}": 1 for i in range(1, 51)}
+
+
+def test_several_held_items_settled_from_the_job_page(airflow_up):
+    """Issue 11: the job page's "Resolve several" form settles the steps given a decision, in one
+    all-or-nothing request, as the signed-in user; the one left alone stays held."""
+    from playwright.sync_api import expect
+
+    from airflow_resumable.journal import StepJournal
+    from tests.scenario import held_job
+
+    server = airflow_up
+    job_id = "article_resumable/send/three-held"
+    for item in ("item-a", "item-b", "item-c"):
+        held_job(server.journal, job_id, item)
+    admin = airflow_server.token(server.url, "admin")
+    with signed_in_page(server.url, admin) as page:
+        page.goto(f"{server.url}/resumable/jobs/{urllib.request.quote(job_id, safe='')}")
+        form = page.locator("#bulk-form")
+        row = {item: form.locator("tr.bulk-row", has_text=item) for item in ("item-a", "item-b", "item-c")}
+        expect(row["item-a"]).to_contain_text(idempotency_key(job_id, "item-a", "send"))
+        row["item-a"].locator("select").select_option("delivered")
+        row["item-b"].locator("select").select_option("not_delivered")
+        form.locator("#bulk-apply").click()  # item-a has no receipt yet: refused in the page, nothing sent
+        expect(page.locator("#bulk-outcome")).to_contain_text("delivered needs the receiver's receipt")
+        row["item-a"].locator("input.bulk-receipt").fill("rcpt-a-77")
+        page.locator("#bulk-note").fill("checked the receiver's log")
+        shoot(page, "resolve-several-1280")
+        form.locator("#bulk-apply").click()
+        expect(page.locator("#bulk-resolved")).to_contain_text("Resolved 2 held step(s) as admin", timeout=60_000)
+    with StepJournal(server.journal) as journal:
+        audit = {a.item_id: (a.decision, a.receipt, a.resolved_by) for a in journal.resolutions(job_id)}
+        assert audit == {"item-a": ("delivered", "rcpt-a-77", "admin"), "item-b": ("not_delivered", None, "admin")}
+        assert [h.item_id for h in journal.held(job_id)] == ["item-c"]

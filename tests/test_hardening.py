@@ -484,6 +484,34 @@ def test_finding_2_a_user_who_may_act_on_the_dag_settles_it_as_themself(ui_serve
 
 
 @pytest.mark.airflow
+def test_the_job_page_settles_several_held_items_at_once_all_or_nothing(ui_server):
+    """Issue 11: POST /api/resolve-many (the job page's form), as the signed-in user, all or nothing."""
+    from tests.backends import snapshot
+
+    job = "hardening_dag/send/run-with-three-held"
+    for item in ("h-1", "h-2", "h-3"):
+        held_job(ui_server.journal, job, item)
+    before = snapshot(str(ui_server.journal))
+    bad = {"job_id": job, "note": "checked", "decisions": [
+        {"item_id": "h-1", "step": "send", "decision": "not_delivered"},
+        {"item_id": "h-2", "step": "send", "decision": "delivered"}]}  # no receipt
+    status, answer = _post(ui_server, "/api/resolve-many", bad)
+    assert status == 422 and "entry 2" in answer["detail"] and "nothing was changed" in answer["detail"], answer
+    assert _post(ui_server, "/api/resolve-many", {**bad, "decisions": bad["decisions"][:1]}, user="viewer")[0] == 403
+    assert snapshot(str(ui_server.journal)) == before
+    good = {**bad, "decisions": [bad["decisions"][0], {**bad["decisions"][1], "receipt": "rcpt-h-2"}]}
+    status, answer = _post(ui_server, "/api/resolve-many", good)
+    assert status == 200 and (answer["count"], answer["resolved_by"]) == (2, "admin"), answer
+    with StepJournal(ui_server.journal) as journal:
+        audit = {a.item_id: (a.decision, a.receipt, a.resolved_by, a.note) for a in journal.resolutions(job)}
+        assert audit == {"h-1": ("not_delivered", None, "admin", "checked"), "h-2": ("delivered", "rcpt-h-2", "admin",
+                                                                                      "checked")}
+        assert [h.item_id for h in journal.held(job)] == ["h-3"]
+    status, _, page = _get(ui_server, f"/jobs/{job.replace('/', '%2F')}", accept="text/html")
+    assert status == 200 and 'id="bulk-form"' in page and 'data-item="h-3"' in page and 'data-item="h-1"' not in page
+
+
+@pytest.mark.airflow
 def test_finding_2_the_resolve_dag_settles_only_the_dags_it_is_given(airflow):
     """The worker-side path: a resolve DAG limited with job_dag_ids refuses other DAGs' jobs."""
     from tests.test_airflow_layer import output

@@ -29,7 +29,7 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from airflow_resumable._airflow import batch_job, journal_target, open_batch_journal
-from airflow_resumable.journal import HeldReason, HeldStep, JournalError, StepRecord
+from airflow_resumable.journal import DECISIONS, DECISIONS_BY_REASON, HeldReason, HeldStep, JournalError, StepRecord
 from airflow_resumable.operators.resolve import ResolutionRefused
 from airflow_resumable.runner import idempotency_key
 
@@ -41,10 +41,6 @@ __all__ = ["APPLY", "LEAVE", "LEAVE_HELD", "ReviewHeldItemsOperator"]
 APPLY, LEAVE = "Apply decisions", "Leave all held"
 LEAVE_HELD = "leave_held"  # the per-item choice that changes nothing
 REVIEW_XCOM_KEY = "resumable_review"  # what was put before the human: the job, its journal, the items
-_CHOICES = {
-    HeldReason.UNKNOWN_OUTCOME: ("delivered", "not_delivered"),
-    HeldReason.INPUT_CHANGED: ("keep_previous_input", "use_new_input"),
-}
 
 
 class ReviewHeldItemsOperator(HITLOperator):
@@ -159,7 +155,8 @@ def review_params(held: list[HeldStep]) -> dict[str, Param]:
     params: dict[str, Param] = {}
     for n, h in enumerate(held, 1):
         params[f"item_{n}"] = Param(
-            LEAVE_HELD, type="string", enum=[LEAVE_HELD, *_CHOICES[h.reason]], title=f"{n}. {h.item_id} / {h.step}",
+            LEAVE_HELD, type="string", enum=[LEAVE_HELD, *DECISIONS_BY_REASON[h.reason]],
+            title=f"{n}. {h.item_id} / {h.step}",
             description=("delivered: the receiver has it (give its receipt below); not_delivered: the receiver "
                          "confirmed it never arrived (sent once by the next pass)"
                          if h.reason == HeldReason.UNKNOWN_OUTCOME else
@@ -217,7 +214,7 @@ def decisions_from(items: list[list[str]], params_input: dict[str, Any], job_id:
     if not isinstance(note, str):
         raise ResolutionRefused("note must be text; nothing was changed")
     entries = []
-    allowed = {LEAVE_HELD, *(d for choices in _CHOICES.values() for d in choices)}
+    allowed = {LEAVE_HELD, *DECISIONS}
     for n, (item_id, step) in enumerate(items, 1):
         decision = params_input.get(f"item_{n}", LEAVE_HELD) or LEAVE_HELD
         if decision not in allowed:
@@ -227,6 +224,6 @@ def decisions_from(items: list[list[str]], params_input: dict[str, Any], job_id:
             continue
         receipt = params_input.get(f"receipt_{n}") or None
         entries.append({"job_id": job_id, "item_id": item_id, "decision": decision, "note": note,
-                        "step": step if decision in _CHOICES[HeldReason.UNKNOWN_OUTCOME] else None,
+                        "step": step if decision in DECISIONS_BY_REASON[HeldReason.UNKNOWN_OUTCOME] else None,
                         "receipt": receipt if decision == "delivered" else None})
     return entries

@@ -33,10 +33,12 @@ from airflow_resumable import _time
 from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_display, journal_target
 from airflow_resumable.journal import (
     DECISIONS_BY_REASON,
+    HeldReason,
     JobBusyError,
     JobSummary,
     JournalError,
     NotHeldError,
+    Resolution,
     ResolutionError,
     StepJournal,
     StepRecord,
@@ -365,7 +367,11 @@ def jobs_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
 def job_page(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
     with _journal() as journal:
         detail = _job_detail(journal, job_id, viewer)
-    return _page(request, "job.html", **detail, max_rows=MAX_OPEN_ROWS, viewer=viewer)
+    held = [r for r in detail["open_rows"] if r["held_reason"]]
+    for row in held:
+        row["decisions"] = DECISIONS_BY_REASON[HeldReason(row["held_reason"])]
+    return _page(request, "job.html", **detail, max_rows=MAX_OPEN_ROWS, viewer=viewer, held_rows=held,
+                 may_settle=bool(held) and viewer.may_settle(job_id))
 
 
 class _Decision(BaseModel):
@@ -377,22 +383,28 @@ class _Decision(BaseModel):
     note: str = ""
 
 
+def _check_settle(request: Request, viewer: Viewer, job_id: str, item_ids: list[str]) -> None:
+    """JSON only, well-formed ids, and the signed-in user may act on the job's DAG: else refused."""
+    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
+        raise HTTPException(status_code=415, detail="send the decision as application/json")
+    _check_id(job_id, "job")
+    for item_id in item_ids:
+        _check_id(item_id, "item")
+    if not viewer.may_see(job_id):
+        raise HTTPException(status_code=404, detail="unknown job")
+    if not viewer.may_settle(job_id):
+        raise HTTPException(status_code=403, detail=(
+            f"you may read this job but not act on DAG {job_id.split('/', 1)[0]!r}: settling a held item "
+            "needs Airflow's edit permission on the job's DAG (as Clear does); nothing was changed"))
+
+
 @app.post("/api/resolve")
 def resolve_json(request: Request, body: _Decision, viewer: ViewerDep) -> dict[str, Any]:
     """Settle one held step as the signed-in user, after checking that they may act on the job's DAG.
 
     The API server applies it through the journal API (one transaction and an audit row naming the
     user). JSON only: a cross-site form cannot post it (the browser would need CORS to send JSON)."""
-    if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
-        raise HTTPException(status_code=415, detail="send the decision as application/json")
-    for value, what in ((body.job_id, "job"), (body.item_id, "item")):
-        _check_id(value, what)
-    if not viewer.may_see(body.job_id):
-        raise HTTPException(status_code=404, detail="unknown job")
-    if not viewer.may_settle(body.job_id):
-        raise HTTPException(status_code=403, detail=(
-            f"you may read this job but not act on DAG {body.job_id.split('/', 1)[0]!r}: settling a held item "
-            "needs Airflow's edit permission on the job's DAG (as Clear does); nothing was changed"))
+    _check_settle(request, viewer, body.job_id, [body.item_id])
     with _journal(readonly=False) as journal:
         if journal is None:
             raise HTTPException(status_code=404, detail="unknown job")
@@ -407,9 +419,51 @@ def resolve_json(request: Request, body: _Decision, viewer: ViewerDep) -> dict[s
             raise HTTPException(status_code=409, detail=str(exc)) from None
         except ResolutionError as exc:
             raise HTTPException(status_code=422, detail=f"{exc}; nothing was changed") from None
-    return {"job_id": resolution.job_id, "item_id": resolution.item_id, "step": resolution.step,
-            "decision": resolution.decision, "resolved_by": resolution.resolved_by,
-            "resolved_at": resolution.resolved_at.isoformat(), "audit_id": resolution.id}
+    return _resolution_dict(resolution)
+
+
+def _resolution_dict(r: Resolution) -> dict[str, Any]:
+    return {"job_id": r.job_id, "item_id": r.item_id, "step": r.step, "decision": r.decision,
+            "resolved_by": r.resolved_by, "resolved_at": r.resolved_at.isoformat(), "audit_id": r.id}
+
+
+class _Entry(BaseModel):
+    item_id: str
+    step: str = ""
+    decision: str
+    receipt: str = ""
+
+
+class _Decisions(BaseModel):
+    job_id: str
+    decisions: list[_Entry]
+    note: str = ""
+
+
+@app.post("/api/resolve-many")
+def resolve_many_json(request: Request, body: _Decisions, viewer: ViewerDep) -> dict[str, Any]:
+    """Settle several held steps of one job as the signed-in user, all or nothing (the job page's form).
+
+    Checked like ``/api/resolve``; every entry is checked, then all are applied in one transaction,
+    each with its own audit row; one refused entry (named: ``entry 2: ...``) changes nothing."""
+    _check_settle(request, viewer, body.job_id, [e.item_id for e in body.decisions])
+    if len(body.decisions) > MAX_OPEN_ROWS:
+        raise HTTPException(status_code=422, detail=(
+            f"{len(body.decisions)} decisions in one request; at most {MAX_OPEN_ROWS} (the page's rows); "
+            "nothing was changed"))
+    entries = [{"job_id": body.job_id, "item_id": e.item_id, "step": e.step or None, "decision": e.decision,
+                "receipt": e.receipt.strip() or None, "note": body.note} for e in body.decisions]
+    with _journal(readonly=False) as journal:
+        if journal is None:
+            raise HTTPException(status_code=404, detail="unknown job")
+        try:
+            done = journal.apply_decisions(entries, resolved_by=viewer.name)
+        except JobBusyError as exc:
+            raise HTTPException(status_code=409, detail=str(exc)) from None
+        except (ResolutionError, NotHeldError) as exc:
+            raise HTTPException(status_code=422, detail=f"{exc}; nothing was changed") from None
+    return {"job_id": body.job_id, "count": len(done), "resolved_by": viewer.name,
+            "resolved": [_resolution_dict(r) for r in done]}
 
 
 @app.get("/resolve", response_class=HTMLResponse)
