@@ -95,14 +95,3 @@ for _concurrency in (1, 16):
     with DAG(f"stop_c{_concurrency}", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
         ResumableBatchOperator(task_id="send", items=items(300), validate=validate, notify=slow_notify,
                                concurrency=_concurrency)
-
-
-def slower_notify(item, ctx):
-    time.sleep(0.25)
-    return notify(item, ctx)
-
-
-# Under a real scheduler a stop lands within a heartbeat (a second or more): 300 sends of 20 ms at
-# concurrency 16 are over in half a second, so this one takes 250 ms per send (about 5 s in all).
-with DAG("stop_c16_slow", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items(300), validate=validate, notify=slower_notify, concurrency=16)
