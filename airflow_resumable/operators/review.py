@@ -123,7 +123,7 @@ class ReviewHeldItemsOperator(HITLOperator):
         review = ti.xcom_pull(task_ids=self.task_id, key=REVIEW_XCOM_KEY, map_indexes=ti.map_index)
         if not isinstance(review, dict):
             raise ResolutionRefused(f"{self.task_id}: the review's list of items is gone from XCom; Clear this task")
-        user = answer["responded_by_user"] or {}
+        user = answer.get("responded_by_user") or {}
         responder = str(user.get("name") or user.get("id") or "").strip()
         job_id, items = review["job_id"], review["items"]
         if answer["chosen_options"] != [APPLY]:
