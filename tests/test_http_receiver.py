@@ -181,3 +181,44 @@ def test_http_notify_raises_not_sent_only_when_no_byte_was_written(receiver_fact
         assert done.status == "completed" and done.verified_steps == 1 and verified == ["item-2"]
     assert server.store.stats() == {"deliveries": 3, "items": 3, "duplicates": 0,
                                     "per_item": {"item-1": 1, "item-2": 1, "item-3": 1}}
+
+
+def test_a_redirect_after_the_post_is_an_unknown_outcome_not_a_refused_connection(monkeypatch, tmp_path):
+    """The receiver took the POST and answered 303 to a host that refuses connections: following it would
+    fail with "could not connect" although the first request arrived. It is not followed."""
+    import socket
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from airflow_resumable.notifiers.http import HttpReceiver, ReceiverError
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{probe.getsockname()[1]}/receipt"
+    received = []
+
+    class Redirecting(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            received.append(self.rfile.read(int(self.headers["Content-Length"])))
+            self.send_response(303)
+            self.send_header("Location", closed)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Redirecting)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("AIRFLOW_CONN_REDIRECTING", json.dumps(
+            {"conn_type": "http", "host": f"http://127.0.0.1:{server.server_address[1]}"}))
+        http = HttpReceiver("redirecting", timeout=5)
+        with StepJournal(tmp_path / "journal.sqlite3") as journal:
+            with pytest.raises(ReceiverError, match="303"):
+                run_batch(journal, "job", [{"id": "a"}], [Step("notify", http.notify, side_effect=True)])
+            (row,) = journal.rows("job")
+            assert (row.status.value, row.not_sent) == ("FAILED", False)  # unknown: verify or hold, never resend
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert len(received) == 1

@@ -244,7 +244,8 @@ class StepJournal:
 
         ``delivered=True`` (with the receiver's ``receipt`` as evidence) marks it SUCCEEDED: it is
         never sent again. ``delivered=False`` means the receiver confirmed it never arrived: the row
-        is cleared and the next run sends it once. If you cannot confirm either, do not call this.
+        stays, FAILED and owed under the same key, and the next run sends it once without verify. If
+        you cannot confirm either, do not call this.
         """
         self._check_person(resolved_by, note)
         self._check_outcome(delivered, receipt)

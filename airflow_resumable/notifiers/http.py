@@ -110,13 +110,15 @@ class HttpReceiver:
                 self.endpoint,
                 json=body,
                 headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json", **_NOT_HEADERS},
-                extra_options={"timeout": self.timeout, "check_response": False},
+                # Never follow a redirect: the POST has been delivered by then, and a failure to reach
+                # the redirect's target would look like "could not connect" - a blind re-send.
+                extra_options={"timeout": self.timeout, "check_response": False, "allow_redirects": False},
             )
         except requests.exceptions.ConnectionError as exc:
             if _never_written(exc):
                 raise ReceiverUnreachable(f"could not connect to the receiver ({type(exc).__name__})") from exc
             raise
-        if response.status_code >= 400:
+        if response.status_code >= 300:  # a redirect or an error: the receiver may have it, unknown outcome
             raise ReceiverError(response.status_code)
         return str(response.json()[self.receipt_field])
 
