@@ -10,7 +10,7 @@ import json
 import pytest
 
 from airflow_resumable.journal import NotHeldError, ResolutionError, StepJournal
-from airflow_resumable.runner import Step, run_batch
+from airflow_resumable.runner import Step, idempotency_key, run_batch
 from tests.test_cli import cli, snapshot
 
 JOB = "bulk/job"
@@ -149,3 +149,35 @@ def test_cli_resolve_bad_usage_exits_2(tmp_path, args):
     result = cli(path, *[a.replace("{file}", str(decisions_file)) for a in args])
     assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert snapshot(path) == before
+
+
+@pytest.mark.parametrize("input_first", [True, False])
+def test_an_item_held_twice_is_settled_whatever_the_order_of_its_decisions(journal_location, input_first):
+    """A send held with an unknown outcome, then the item's input changed: two holds on one item. The
+    not_delivered decision and use_new_input go through in either order of the list."""
+    sent: list[tuple[str, int]] = []
+
+    def send(item, ctx):
+        if item["v"] == 1 and not sent:
+            sent.append(("lost", 1))
+            raise TimeoutError()
+        sent.append((ctx.idempotency_key, item["v"]))
+        return "rcpt"
+
+    steps = [Step("validate", lambda item, ctx: True), Step("notify", send, side_effect=True)]
+    with StepJournal(journal_location) as journal:
+        with pytest.raises(TimeoutError):
+            run_batch(journal, JOB, [{"id": "a", "v": 1}], steps)
+        run_batch(journal, JOB, [{"id": "a", "v": 1}], steps)  # holds notify: unknown outcome
+        run_batch(journal, JOB, [{"id": "a", "v": 2}], steps)  # holds validate: input changed
+        assert sorted((h.step, h.reason.value) for h in journal.held(JOB)) == [
+            ("notify", "unknown_outcome"), ("validate", "input_changed")]
+        entries = [{"job_id": JOB, "item_id": "a", "decision": "use_new_input"},
+                   {"job_id": JOB, "item_id": "a", "step": "notify", "decision": "not_delivered"}]
+        entries = entries if input_first else entries[::-1]
+        done = journal.apply_decisions(entries, resolved_by="oncall")
+        assert [r.decision for r in done] == [e["decision"] for e in entries]  # in the list's order
+        assert journal.held(JOB) == []
+        assert run_batch(journal, JOB, [{"id": "a", "v": 2}], steps).status == "completed"
+        (row,) = [r for r in journal.rows(JOB) if r.step == "notify"]
+        assert row.generation == 1 and sent[1:] == [(idempotency_key(JOB, "a", "notify", 1), 2)]  # once, new key

@@ -80,14 +80,23 @@ def test_a_response_becomes_journal_decisions_all_or_nothing(tmp_path):
             fail.discard(next(r.item_id for r in journal.rows(JOB) if r.error_type and r.item_id in fail))
         held = run_batch(journal, JOB, items, [Step("notify", notify, side_effect=True)]).held
         assert [h.item_id for h in held] == ["a", "b", "c"]
-        presented = [[h.item_id, h.step] for h in held]
+        presented = [[h.item_id, h.step, h.reason.value, h.generation] for h in held]
+        now = {(h.item_id, h.step): (h.reason.value, h.generation) for h in journal.held(JOB)}
 
-        for bad, message in [({"item_1": "deliverd"}, "item_1 \\(a / notify\\): unknown decision 'deliverd'"),
-                             ({"note": 5}, "note must be text")]:
+        for bad, message in [
+            ({"item_1": "deliverd"}, "item_1 \\(a / notify, unknown_outcome\\): decision 'deliverd' is not one of"),
+            ({"item_2": "use_new_input"}, "decision 'use_new_input' is not one of leave_held, delivered, not_delivered"),
+            ({"note": 5}, "note must be text"),
+        ]:
             with pytest.raises(ResolutionRefused, match=message):
-                decisions_from(presented, bad, JOB)
+                decisions_from(presented, bad, JOB, now)
+        # A hold that is no longer what was shown (here: another key generation) refuses the response.
+        moved = {**now, ("b", "notify"): ("unknown_outcome", 1)}
+        with pytest.raises(ResolutionRefused, match="item_2 \\(b / notify\\) changed since the review was asked"):
+            decisions_from(presented, {"item_2": "not_delivered"}, JOB, moved)
         entries = decisions_from(presented, {"item_1": "delivered", "receipt_1": "R-1", "item_2": "not_delivered",
-                                             "receipt_2": "ignored", "item_3": LEAVE_HELD, "note": "checked"}, JOB)
+                                             "receipt_2": "ignored", "item_3": LEAVE_HELD, "note": "checked"}, JOB,
+                                 now)
         assert entries == [
             {"job_id": JOB, "item_id": "a", "step": "notify", "decision": "delivered", "receipt": "R-1", "note": "checked"},
             {"job_id": JOB, "item_id": "b", "step": "notify", "decision": "not_delivered", "receipt": None,

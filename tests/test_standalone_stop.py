@@ -108,17 +108,20 @@ def stop_mid_batch(server, token: str, dag_id: str, run_url: str, run_id: str, n
         text = log_file.read_text(errors="replace") if log_file.exists() else ""
         return text if KILLED_LINE in text else None
     log = str(wait_for("the task process to be stopped", killed, 120, server))
-    lines = log.splitlines()
-    sigterm = next(n for n, line in enumerate(lines) if SIGTERM_LINE in line)
-    killed_line = next(n for n, line in enumerate(lines) if KILLED_LINE in line)
-    # The task's own last line (its runner's end of "Post Execute"). Airflow 3.3.2's supervisor reaps
-    # a task whose output closed before it exited only when its 5 s SIGTERM window runs out, so its
-    # "Task killed!" line comes 5 s after the SIGTERM however soon the task ended.
-    return log, _moment(lines[sigterm]), _moment(lines[killed_line - 1])
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    sigterm = next(n for n, r in enumerate(records) if SIGTERM_LINE in str(r.get("event")))
+    stopped = next(n for n, r in enumerate(records) if "Stopped on request" in str(r.get("event")))
+    # The task process's own lines carry their source file (the supervisor's do not). Its last one is
+    # its runner closing "Post Execute": the task went through to its end, not cut off by SIGKILL.
+    # (Airflow 3.3.2's supervisor reaps a task whose output closed before it exited only when its 5 s
+    # SIGTERM window runs out: its "Task killed!" line comes 5 s after the SIGTERM whatever the task did.)
+    last = max(n for n, r in enumerate(records) if "filename" in r)
+    assert sigterm < stopped < last and records[last]["event"] == "::endgroup::", records[sigterm:]
+    return log, _moment(records[sigterm]), _moment(records[last])
 
 
-def _moment(line: str) -> float:
-    return datetime.fromisoformat(json.loads(line)["timestamp"].replace("Z", "+00:00")).timestamp()
+def _moment(record: dict) -> float:
+    return datetime.fromisoformat(record["timestamp"].replace("Z", "+00:00")).timestamp()
 
 
 def jobs_in_cli(server) -> dict[str, str]:

@@ -366,21 +366,26 @@ class StepJournal:
             for job_id in jobs:  # in one order, so two bulk calls never wait on each other crosswise
                 quiet.enter_context(self._quiet_job(job_id))
             with self._write(durable=True) as tx:
-                done: list[Resolution] = []
-                for n, (job_id, item_id, step, decision, receipt, note) in enumerate(checked, 1):
+                done: dict[int, Resolution] = {}
+                # Sends' outcomes first, then input changes: an item may have both held, and a
+                # use_new_input moves its sends on (they are then no longer held), so the list's order
+                # must not decide whether the other decision is refused.
+                order = sorted(range(len(checked)), key=lambda i: checked[i][3] not in ("delivered", "not_delivered"))
+                for i in order:
+                    job_id, item_id, step, decision, receipt, note = checked[i]
                     try:
                         if decision in ("delivered", "not_delivered"):
                             assert step is not None
-                            done.append(self._settle_outcome(tx, job_id, item_id, step, decision == "delivered",
-                                                             receipt, resolved_by, note))
+                            done[i] = self._settle_outcome(tx, job_id, item_id, step, decision == "delivered",
+                                                           receipt, resolved_by, note)
                         else:
-                            done.append(self._settle_input_change(tx, job_id, item_id, decision == "use_new_input",
-                                                                  resolved_by, note))
+                            done[i] = self._settle_input_change(tx, job_id, item_id, decision == "use_new_input",
+                                                                resolved_by, note)
                     except (ResolutionError, NotHeldError) as exc:
                         if len(checked) == 1:
                             raise
-                        raise type(exc)(f"entry {n}: {exc}; nothing was changed") from None
-                return done
+                        raise type(exc)(f"entry {i + 1}: {exc}; nothing was changed") from None
+                return [done[i] for i in range(len(checked))]
 
     def _check_entry(
         self, n: int, entry: object, resolved_by: str,

@@ -156,7 +156,7 @@ GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at, j.finished_at ORDER 
 
 JOB_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
 ITEM_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND item_id = ? ORDER BY created_at"
-OPEN_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id"
+OPEN_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id, step"
 HELD = "SELECT job_id, item_id, step, held_reason, generation FROM steps WHERE held_reason IS NOT NULL"
 RESOLUTIONS = """
 SELECT id, job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,

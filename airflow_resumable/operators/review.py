@@ -29,7 +29,7 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from airflow_resumable._airflow import batch_job, journal_target, open_batch_journal
-from airflow_resumable.journal import DECISIONS, DECISIONS_BY_REASON, HeldReason, HeldStep, JournalError, StepRecord
+from airflow_resumable.journal import DECISIONS_BY_REASON, HeldReason, HeldStep, JournalError, StepRecord
 from airflow_resumable.operators.resolve import ResolutionRefused
 from airflow_resumable.runner import idempotency_key
 
@@ -110,8 +110,11 @@ class ReviewHeldItemsOperator(HITLOperator):
                       job_id, len(held), len(shown))
         self.params = ParamsDict(review_params(shown))
         self.body = review_body(job_id, shown, rows, more=len(held) - len(shown))
+        # What the human is shown, hold reason and key generation included: a response is applied only
+        # to holds still in that state (see execute_complete).
         context["ti"].xcom_push(key=REVIEW_XCOM_KEY, value={
-            "job_id": job_id, "journal_id": journal_id, "items": [[h.item_id, h.step] for h in shown]})
+            "job_id": job_id, "journal_id": journal_id,
+            "items": [[h.item_id, h.step, h.reason.value, h.generation] for h in shown]})
         return super().execute(context)
 
     def validate_params_input(self, params_input: Any) -> None:
@@ -131,20 +134,16 @@ class ReviewHeldItemsOperator(HITLOperator):
             return {"job_id": job_id, "held": len(items), "applied": 0, "responded_by": responder}
         if not responder:
             raise ResolutionRefused(f"{self.task_id}: Airflow did not say who responded; nothing was changed")
-        entries = decisions_from(items, answer["params_input"] or {}, job_id)
-        if entries:
-            target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-            with target.open() as journal:
-                if journal.journal_id != review["journal_id"]:
-                    raise ResolutionRefused(f"{self.task_id}: the journal changed since the review was asked; "
-                                            "nothing was changed. Clear this task to review again")
-                try:
-                    done = journal.apply_decisions(entries, resolved_by=responder)
-                except (JournalError, ValueError) as exc:
-                    raise ResolutionRefused(
-                        f"{exc}; nothing was changed. Clear this task to answer again") from None
-            for r in done:
-                self.log.info("Resolved %s / %s as %s by %s", r.item_id, r.step, r.decision, r.resolved_by)
+        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
+        with open_batch_journal(target, owner=self.task_id, recorded_id=review["journal_id"]) as journal:
+            held_now = {(h.item_id, h.step): (h.reason.value, h.generation) for h in journal.held(job_id)}
+            entries = decisions_from(items, answer["params_input"] or {}, job_id, held_now)
+            try:
+                done = journal.apply_decisions(entries, resolved_by=responder) if entries else []
+            except (JournalError, ValueError) as exc:
+                raise ResolutionRefused(f"{exc}; nothing was changed. Clear this task to answer again") from None
+        for r in done:
+            self.log.info("Resolved %s / %s as %s by %s", r.item_id, r.step, r.decision, r.resolved_by)
         self.log.info("%d item(s) settled by %s, %d left held", len(entries), responder, len(items) - len(entries))
         return {"job_id": job_id, "held": len(items) - len(entries), "applied": len(entries), "responded_by": responder}
 
@@ -207,23 +206,34 @@ def review_body(job_id: str, held: list[HeldStep], rows: dict[tuple[str, str], S
     return "\n".join(lines)
 
 
-def decisions_from(items: list[list[str]], params_input: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
-    """The journal entries of a response: one per item not left held. Refuses a choice that is not
-    one of the form's (the REST API takes any value) before anything is applied."""
+def decisions_from(
+    items: list[list[Any]], params_input: dict[str, Any], job_id: str,
+    held_now: dict[tuple[str, str], tuple[str, int]] | None = None,
+) -> list[dict[str, Any]]:
+    """The journal entries of a response: one per item not left held. ``items``: ``[item_id, step,
+    reason, generation]`` as presented. Refuses, before anything is applied, a choice the form did not
+    offer for that item (the REST API takes any value), and - given ``held_now``, the job's holds as
+    they are now - a decision about a step no longer held as it was shown (settled meanwhile, or held
+    again under another key generation)."""
     note = params_input.get("note") or ""
     if not isinstance(note, str):
         raise ResolutionRefused("note must be text; nothing was changed")
     entries = []
-    allowed = {LEAVE_HELD, *DECISIONS}
-    for n, (item_id, step) in enumerate(items, 1):
+    for n, (item_id, step, reason, generation) in enumerate(items, 1):
         decision = params_input.get(f"item_{n}", LEAVE_HELD) or LEAVE_HELD
+        allowed = (LEAVE_HELD, *DECISIONS_BY_REASON[HeldReason(reason)])
         if decision not in allowed:
-            raise ResolutionRefused(f"item_{n} ({item_id} / {step}): unknown decision {decision!r}; use one of "
-                                    f"{', '.join(sorted(allowed))}; nothing was changed")
+            raise ResolutionRefused(f"item_{n} ({item_id} / {step}, {reason}): decision {decision!r} is not one of "
+                                    f"{', '.join(allowed)}; nothing was changed")
         if decision == LEAVE_HELD:
             continue
+        if held_now is not None and held_now.get((item_id, step)) != (reason, generation):
+            raise ResolutionRefused(
+                f"item_{n} ({item_id} / {step}) changed since the review was asked (settled, or held again "
+                "under another key); nothing was changed. Clear this task to review the current holds")
         receipt = params_input.get(f"receipt_{n}") or None
         entries.append({"job_id": job_id, "item_id": item_id, "decision": decision, "note": note,
                         "step": step if decision in DECISIONS_BY_REASON[HeldReason.UNKNOWN_OUTCOME] else None,
                         "receipt": receipt if decision == "delivered" else None})
     return entries
+
