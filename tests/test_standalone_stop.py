@@ -10,6 +10,7 @@ leaves a green task and a job the CLI and the page's JSON show as unfinished.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -96,7 +97,7 @@ def _exists(url: str, token: str) -> bool:
 def stop_mid_batch(server, token: str, dag_id: str, run_url: str, run_id: str, new_state: str,
                    after_items: int) -> tuple[str, float, float]:
     """Mark the running batch task ``new_state`` once ``after_items`` items arrived; the task log, when
-    the SIGTERM was sent and when the task wrote its last line (epoch seconds)."""
+    the task process received the SIGTERM and when it wrote its last line (epoch seconds)."""
     job_id = f"{dag_id}/send/{run_id}"
     wait_for(f"{after_items} items at the receiver",
              lambda: sum(server.receiver.counts(job_id).values()) >= after_items, 300, server)
@@ -117,7 +118,12 @@ def stop_mid_batch(server, token: str, dag_id: str, run_url: str, run_id: str, n
     # SIGTERM window runs out: its "Task killed!" line comes 5 s after the SIGTERM whatever the task did.)
     last = max(n for n, r in enumerate(records) if "filename" in r)
     assert sigterm < stopped < last and records[last]["event"] == "::endgroup::", records[sigterm:]
-    return log, _moment(records[sigterm]), _moment(records[last])
+    # When the task process got the SIGTERM: its on_kill notes the time, the "Stopped on request" line says it.
+    received = re.search(r"Stopped on request \([^)]*\) at (\S+):", records[stopped]["event"])
+    assert received, records[stopped]["event"]
+    received_at = datetime.fromisoformat(received.group(1)).timestamp()
+    assert _moment(records[sigterm]) <= received_at, (records[sigterm], records[stopped])
+    return log, received_at, _moment(records[last])
 
 
 def _moment(record: dict) -> float:

@@ -8,7 +8,9 @@ import json
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -220,9 +222,11 @@ class ResumableBatchOperator(BaseOperator):
                     stop=self._stop,
                 )
             except BatchStopped:
-                self.log.warning("Stopped on request (mark failed / mark success / Clear / timeout): no send "
+                asked = self.__dict__.get("_stop_asked_at")
+                self.log.warning("Stopped on request (mark failed / mark success / Clear / timeout) at %s: no send "
                                  "started after it, the sends in flight were recorded. Job %s is unfinished; "
-                                 "a retry or a Clear resumes it.", job_id)
+                                 "a retry or a Clear resumes it.",
+                                 datetime.fromtimestamp(asked, timezone.utc).isoformat() if asked else "?", job_id)
                 if self._last_progress is not None:
                     emit_batch_metrics(self._last_progress, dag_id=context["ti"].dag_id,
                                        task_id=context["ti"].task_id)
@@ -307,6 +311,7 @@ class ResumableBatchOperator(BaseOperator):
         sets a flag."""
         stop = self.__dict__.get("_stop")
         if stop is not None:
+            self.__dict__.setdefault("_stop_asked_at", time.time())  # for the "Stopped on request" line
             stop.set()
 
     def _retry_can_help(self, result: BatchResult) -> bool:
