@@ -118,6 +118,15 @@ def token(url: str, username: str = "admin") -> str:
         return json.loads(response.read())["access_token"]
 
 
+def api(url: str, token: str, method: str = "GET", body: dict | None = None) -> dict:
+    """A JSON call to Airflow's REST API (or this provider's page API) with a bearer token."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers={
+        "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read() or b"{}")
+
+
 def get(url: str, *, bearer: str | None = None, cookie: str | None = None,
         accept: str = "application/json") -> tuple[int, dict[str, str], str]:
     headers = {"Accept": accept}

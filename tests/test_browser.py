@@ -22,20 +22,13 @@ from airflow_resumable.runner import idempotency_key
 from demo.__main__ import Receiver
 from tests import airflow_server
 from tests.airflow_harness import REPO, base_env, migrated_template
+from tests.airflow_server import api
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("RESUMABLE_TEST_ARTIFACTS") or REPO / "test-artifacts")
 STEP = "notify_external"
-
-
-def api(url: str, token: str, method: str = "GET", body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"{}")
 
 
 def wait_for(what: str, check, timeout: float, server) -> object:

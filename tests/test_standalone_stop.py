@@ -25,6 +25,7 @@ import pytest
 from airflow_resumable.journal import StepJournal
 from tests import airflow_server
 from tests.airflow_harness import base_env, migrated_template
+from tests.airflow_server import api
 from tests.receivers import DurableReceiver
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
@@ -32,14 +33,6 @@ pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 CLI = str(Path(sys.executable).with_name("airflow-resumable"))
 SIGTERM_LINE = "shouldn't be running anymore"  # the supervisor, right before it sends SIGTERM
 KILLED_LINE = "Task killed!"  # the supervisor, once the task process is gone
-
-
-def api(url: str, token: str, method: str = "GET", body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers={
-        "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.loads(response.read() or b"{}")
 
 
 def wait_for(what: str, check, timeout: float, server) -> object:
