@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import HeldReason, HeldStep, JobRun, Status, StepJournal, StepState
+from airflow_resumable.journal.records import MAX_ID_LENGTH
 
 __all__ = [
     "BatchProgress",
@@ -41,7 +42,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 MAX_OUTPUT_BYTES = 64 * 1024
-MAX_ID_LENGTH = 1024
 # resolved_by of the audit rows the runner writes when verify settles a send by itself.
 VERIFY_RESOLVER = "verify"
 # Items validated and looked up together: one journal query per chunk, not one per step.
@@ -373,6 +373,9 @@ class _Send:
     step: Step
     item: _Prepared
     ctx: StepContext
+    # A send verify found not delivered: the row as it was (status, held reason) for the audit row,
+    # which is buffered with the send's IN_FLIGHT mark - a send that never starts leaves no audit row.
+    resent_from: tuple[str, str | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -432,13 +435,10 @@ class _Batch:
                 if isinstance(receipt, _NotDelivered):
                     assert row is not None
                     # The receiver affirms it never got this key: the send is made now, once. The
-                    # audit row commits with the send's IN_FLIGHT mark, before the send.
-                    self.run.audit(p.item_id, step.name, "not_delivered", resolved_by=VERIFY_RESOLVER,
-                                   note="the receiver's look-up has no record of this key; sent again once",
-                                   previous_status=row.status.value,
-                                   previous_held_reason=row.held_reason.value if row.held_reason else None)
+                    # audit row commits with the send's IN_FLIGHT mark, before the send (_commit_marks).
                     log.info("item %s: %s not delivered per the receiver; sending it once", p.item_id, step.name)
-                    outputs[step.name] = yield _Send(step, p, ctx)
+                    resent_from = (row.status.value, row.held_reason.value if row.held_reason else None)
+                    outputs[step.name] = yield _Send(step, p, ctx, resent_from)
                     result.executed_steps += 1
                     result.resent_steps += 1
                     continue
@@ -502,27 +502,35 @@ class _Batch:
 
     @staticmethod
     def _verify(step: Step, ctx: StepContext) -> str | _NotDelivered | None:
-        if step.verify is None:
-            return None
-        try:
-            receipt = step.verify(ctx)
-        except Exception as exc:
-            log.warning("item %s: verify of %s raised %s; holding it", ctx.item_id, step.name, type(exc).__name__)
-            return None
-        if receipt is None or receipt is NOT_DELIVERED:
-            return receipt
-        receipt = receipt if isinstance(receipt, str) else json.dumps(receipt)
-        return receipt if receipt.strip() else None
+        return None if step.verify is None else _ask_receiver(step.verify, ctx)
 
     def _held(self, item_id: str, step: str, reason: HeldReason, generation: int) -> None:
         self.result.held.append(HeldStep(self.run.job_id, item_id, step, reason, generation))
         log.warning("item %s: %s held (%s)", item_id, step, reason.value)
 
 
+def _ask_receiver(verify: VerifyFn, ctx: StepContext) -> str | _NotDelivered | None:
+    """What ``verify`` says of a send: its receipt, NOT_DELIVERED, or None (cannot tell, also when it
+    raised or answered an empty receipt)."""
+    try:
+        receipt = verify(ctx)
+    except Exception as exc:
+        log.warning("item %s: verify of %s raised %s; holding it", ctx.item_id, ctx.step, type(exc).__name__)
+        return None
+    if receipt is None or receipt is NOT_DELIVERED:
+        return receipt
+    receipt = receipt if isinstance(receipt, str) else json.dumps(receipt)
+    return receipt if receipt.strip() else None
+
+
 def _commit_marks(run: JobRun, sends: Iterable[_Send]) -> None:
     """Mark these sends IN_FLIGHT and commit the marks (with everything buffered) in one durable
     flush - one fsync under full durability. Call it before any of them starts."""
     for send in sends:
+        if send.resent_from is not None:
+            run.audit(send.item.item_id, send.step.name, "not_delivered", resolved_by=VERIFY_RESOLVER,
+                      note="the receiver's look-up has no record of this key; sent again once",
+                      previous_status=send.resent_from[0], previous_held_reason=send.resent_from[1])
         run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
     run.flush(durable=True)
 
@@ -720,6 +728,7 @@ def run_batch(
     progress_interval: float = 10.0,
     runner: str | None = None,
     stop: threading.Event | None = None,
+    dag_id: str | None = None,
 ) -> BatchResult:
     """Run ``steps`` over ``items`` under ``job_id``, resuming whatever the journal already has.
 
@@ -731,6 +740,8 @@ def run_batch(
     runner holds the job. Setting ``stop`` (from another thread or a signal handler) stops the run:
     no send starts after that, the sends in flight are recorded, and :class:`BatchStopped` is raised;
     the job stays unfinished (``JobSummary.status``) until a run goes through the whole batch.
+    ``dag_id``: the Airflow DAG running the job, recorded with it by its first run (who may settle its
+    held items is decided by that DAG).
     """
     if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
         raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
@@ -755,7 +766,7 @@ def run_batch(
             last_report = time.monotonic()
             on_progress(progress())
 
-    with journal.open_job(job_id, runner=runner) as run:
+    with journal.open_job(job_id, runner=runner, dag_id=dag_id) as run:
         batch = _Batch(run, checked_steps, result)
         driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)
         try:
@@ -803,25 +814,36 @@ def verify_held(
     ``delivered`` resolution by ``resolved_by``); each one it affirms it never got
     (:data:`NOT_DELIVERED`) is resolved ``not_delivered``, so the next run sends it once. Returns
     the steps that were settled either way.
+
+    Each question and the settlement it leads to happen under the job's claim, about the row as it was
+    read under that claim: no run can send the step in between (its answer would be stale). A run of
+    the job in progress raises :class:`~airflow_resumable.journal.JobBusyError` before anything is
+    asked; the steps settled before it stay settled.
     """
     settled: list[HeldStep] = []
-    for row in journal.open_rows(job_id):
-        if (not row.side_effect or row.status == Status.SUCCEEDED or row.not_sent
-                or row.held_reason == HeldReason.INPUT_CHANGED):
+    for seen in journal.open_rows(job_id):
+        if step is not None and seen.step != step:
             continue
-        if step is not None and row.step != step:
-            continue
-        outputs = {r.step: r.output for r in journal.rows(job_id, row.item_id) if r.status == Status.SUCCEEDED}
-        ctx = StepContext(job_id, row.item_id, row.step, row.digest,
-                          idempotency_key(job_id, row.item_id, row.step, row.generation), outputs, row.generation)
-        receipt = _Batch._verify(Step(row.step, lambda item, c: None, side_effect=True, verify=verify), ctx)
-        if receipt is None:
-            continue
-        if isinstance(receipt, _NotDelivered):
-            journal.resolve(job_id, row.item_id, row.step, delivered=False, resolved_by=resolved_by,
-                            note="the receiver's look-up has no record of this key; the next run sends it once")
-        else:
-            journal.resolve(job_id, row.item_id, row.step, delivered=True, receipt=receipt,
-                            resolved_by=resolved_by, note="the receiver's look-up found a receipt")
+        with journal.deciding(job_id):
+            # Read again under the claim: what was open a moment ago may have been settled or re-sent.
+            rows = {r.step: r for r in journal.rows(job_id, seen.item_id)}
+            row = rows.get(seen.step)
+            if (row is None or not row.side_effect or row.status == Status.SUCCEEDED or row.not_sent
+                    or row.held_reason == HeldReason.INPUT_CHANGED):
+                continue
+            outputs = {r.step: r.output for r in rows.values() if r.status == Status.SUCCEEDED}
+            ctx = StepContext(job_id, row.item_id, row.step, row.digest,
+                              idempotency_key(job_id, row.item_id, row.step, row.generation), outputs, row.generation)
+            receipt = _ask_receiver(verify, ctx)
+            if receipt is None:
+                continue
+            if isinstance(receipt, _NotDelivered):
+                journal.resolve(job_id, row.item_id, row.step, delivered=False, resolved_by=resolved_by,
+                                note="the receiver's look-up has no record of this key; the next run sends it once",
+                                expected_version=row.version)
+            else:
+                journal.resolve(job_id, row.item_id, row.step, delivered=True, receipt=receipt,
+                                resolved_by=resolved_by, note="the receiver's look-up found a receipt",
+                                expected_version=row.version)
         settled.append(HeldStep(job_id, row.item_id, row.step, HeldReason.UNKNOWN_OUTCOME, row.generation))
     return settled

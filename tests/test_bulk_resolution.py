@@ -71,7 +71,7 @@ def test_fifteen_held_steps_settled_in_one_call_each_audited(journal_location):
     ({"decision": "maybe"}, ResolutionError, "entry 7: unknown decision 'maybe'"),
     ({"item_id": "item-16", "decision": "not_delivered"}, NotHeldError, "entry 7: "),  # done: nothing to resolve
     ({"item_id": "item-01"}, ResolutionError, "entry 7: the same step as entry 1"),
-    ({"colour": "red"}, ResolutionError, "entry 7: unknown field(s) colour"),
+    ({"colour": "red"}, ResolutionError, "entry 7: unknown field(s) 'colour'"),
 ])
 def test_one_bad_entry_refuses_the_whole_list_and_changes_nothing(journal_location, bad, error, message):
     with StepJournal(journal_location) as journal:

@@ -191,7 +191,7 @@ def test_busy_timeout_expiry_is_a_clear_error_and_nothing_is_sent(path):
 
 def test_schema_version(path):
     with StepJournal(path) as journal:
-        assert SCHEMA_VERSION == 5
+        assert SCHEMA_VERSION == 6
         conn = raw(path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -247,13 +247,14 @@ def test_forward_migration_from_version_1(path):
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
         conn.close()
         after = snapshot(path)
-        # Every row as it was; version 5: generation 0 (the keys they were sent with) and not_sent 0.
-        assert after["steps"] == [row + (0, 0) for row in before["steps"]], "migration must keep every row"
+        # Every row as it was; version 5: generation 0 (the keys they were sent with) and not_sent 0;
+        # version 6: every row at its first version.
+        assert after["steps"] == [row + (0, 0, 1) for row in before["steps"]], "migration must keep every row"
         assert after["resolutions"] == before["resolutions"]
         # Version 4's finished_at: jobs journaled before count as finished when last updated.
         assert after["jobs"] == [
-            ("old/held", 1_500_000_000.0, 1_500_000_000.0, None, None, 1_500_000_000.0),
-            ("old/job", 1_600_000_000.0, 1_600_000_009.0, None, None, 1_600_000_009.0),
+            ("old/held", 1_500_000_000.0, 1_500_000_000.0, None, None, 1_500_000_000.0, None),
+            ("old/job", 1_600_000_000.0, 1_600_000_009.0, None, None, 1_600_000_009.0, None),
         ]
         assert len(journal.journal_id) == 32
 

@@ -105,8 +105,8 @@ def test_a_version_3_journal_is_migrated_and_its_jobs_count_as_finished(postgres
     with StepJournal(postgres_url) as journal:
         run_batch(journal, JOB, items(2), sending([]))
     with admin(postgres_url) as conn:  # back to what a version 3 journal looks like
-        conn.execute("ALTER TABLE resumable.jobs DROP COLUMN finished_at")
-        conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent")
+        conn.execute("ALTER TABLE resumable.jobs DROP COLUMN finished_at, DROP COLUMN dag_id")
+        conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent, DROP COLUMN version")
         conn.execute("UPDATE resumable.meta SET value = '3' WHERE key = 'schema_version'")
     with StepJournal(postgres_url) as journal:
         (job,) = journal.jobs()
@@ -123,7 +123,8 @@ def test_a_version_4_journal_is_migrated_and_keeps_its_keys(postgres_url):
         with journal.open_job(JOB) as run:
             run.mark_in_flight("a", "send", "d" * 64)
     with admin(postgres_url) as conn:  # back to what a version 4 journal looks like
-        conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent")
+        conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent, DROP COLUMN version")
+        conn.execute("ALTER TABLE resumable.jobs DROP COLUMN dag_id")
         conn.execute("UPDATE resumable.meta SET value = '4' WHERE key = 'schema_version'")
     with StepJournal(postgres_url) as journal:
         (row,) = journal.rows(JOB)

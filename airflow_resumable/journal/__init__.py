@@ -18,6 +18,7 @@ from airflow_resumable.journal.errors import (
     JournalVersionError,
     NotHeldError,
     ResolutionError,
+    StaleDecisionError,
 )
 from airflow_resumable.journal.jobrun import JobRun
 from airflow_resumable.journal.records import (
@@ -51,6 +52,7 @@ __all__ = [
     "JournalVersionError",
     "NotHeldError",
     "ResolutionError",
+    "StaleDecisionError",
     "Resolution",
     "Status",
     "StepJournal",

@@ -17,11 +17,17 @@ from airflow_resumable.journal.errors import (
     JournalLocationError,
     NotHeldError,
     ResolutionError,
+    StaleDecisionError,
 )
 from airflow_resumable.journal.records import (
     DECISIONS,
     ENTRY_FIELDS,
     MAX_DECISIONS,
+    MAX_ID_LENGTH,
+    MAX_JOB_ID_LENGTH,
+    MAX_NOTE_BYTES,
+    MAX_PERSON_LENGTH,
+    MAX_RECEIPT_BYTES,
     HeldReason,
     HeldStep,
     JobSummary,
@@ -30,6 +36,7 @@ from airflow_resumable.journal.records import (
     StepRecord,
     step_record,
     ts,
+    version_text,
 )
 
 if TYPE_CHECKING:
@@ -94,6 +101,7 @@ class StepJournal:
         self.durability: Durability = durability
         self.commit_count = 0  # write transactions committed; benchmarks and tests read them
         self.durable_commit_count = 0  # of which made durable before returning (full durability)
+        self._deciding: set[str] = set()  # jobs whose claim this journal holds for a decision (deciding())
 
     # -- engine primitives (see backend.JournalBackend) ---------------------------------------
 
@@ -151,11 +159,12 @@ class StepJournal:
 
     # -- running a job ------------------------------------------------------------------------
 
-    def open_job(self, job_id: str, *, runner: str | None = None) -> JobRun:
-        """Claim ``job_id`` for one runner (at once, or :class:`JobBusyError`)."""
+    def open_job(self, job_id: str, *, runner: str | None = None, dag_id: str | None = None) -> JobRun:
+        """Claim ``job_id`` for one runner (at once, or :class:`JobBusyError`). ``dag_id``: the Airflow
+        DAG running it, recorded with the job by its first run (it decides who may settle its items)."""
         from airflow_resumable.journal.jobrun import JobRun
 
-        return JobRun(self, job_id, runner=runner)
+        return JobRun(self, job_id, runner=runner, dag_id=dag_id)
 
     def has_job(self, job_id: str) -> bool:
         return bool(self._read(sql.JOB_EXISTS, (job_id,)))
@@ -182,6 +191,7 @@ class StepJournal:
                 held=int(r[9]),
                 unresolved=int(r[10]),
                 finished_at=None if r[11] is None else ts(r[11]),
+                dag_id=r[12],
             )
             for r in self._read(sql.JOB_SUMMARIES.format(where=where), params)
         ]
@@ -199,7 +209,7 @@ class StepJournal:
         if job_id is not None:
             query, params = query + " AND job_id = ?", (job_id,)
         found = self._read(query + " ORDER BY 1, 2", params)
-        return [HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4])) for r in found]
+        return [HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4]), version_text(r[5], r[6])) for r in found]
 
     def open_rows(self, job_id: str) -> list[StepRecord]:
         """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
@@ -215,19 +225,48 @@ class StepJournal:
     # -- resolution API -----------------------------------------------------------------------
 
     @staticmethod
-    def _check_person(resolved_by: object, note: object) -> None:
+    def _check_text(value: object, what: str, *, max_chars: int | None = None, max_bytes: int | None = None) -> str:
+        """``value`` if it is text the journal can store and show, else the refusal naming ``what``."""
+        if not isinstance(value, str):
+            raise ResolutionError(f"{what} must be text, not {type(value).__name__}")
+        if "\x00" in value:
+            raise ResolutionError(f"{what} contains a NUL character; remove it")
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            raise ResolutionError(f"{what} contains a lone surrogate (not valid Unicode text); fix the text") from None
+        if max_chars is not None and len(value) > max_chars:
+            raise ResolutionError(f"{what} is {len(value)} characters; at most {max_chars}")
+        if max_bytes is not None and size > max_bytes:
+            raise ResolutionError(f"{what} is {size} bytes; at most {max_bytes} (UTF-8)")
+        return value
+
+    @classmethod
+    def _check_person(cls, resolved_by: object, note: object) -> None:
         if not isinstance(resolved_by, str) or not resolved_by.strip():
             raise ResolutionError("resolved_by is required: say who made this decision")
-        if not isinstance(note, str):
-            raise ResolutionError("note must be a string")
-        if "\x00" in resolved_by or "\x00" in note:
-            raise ResolutionError("resolved_by and note must not contain NUL characters")
+        cls._check_text(resolved_by, "resolved_by", max_chars=MAX_PERSON_LENGTH)
+        cls._check_text(note, "note", max_bytes=MAX_NOTE_BYTES)
 
-    @staticmethod
-    def _check_names(*names: object) -> None:
-        for name in names:
-            if not isinstance(name, str) or not name or "\x00" in name:
-                raise NotHeldError(f"{name!r} names no job, item or step: expected non-empty text without NUL; check it")
+    @classmethod
+    def _check_names(cls, *names: object) -> None:
+        for what, name, limit in zip(("job_id", "item_id", "step"), names,
+                                     (MAX_JOB_ID_LENGTH, MAX_ID_LENGTH, MAX_ID_LENGTH)):
+            if not isinstance(name, str) or not name:
+                raise NotHeldError(f"{what} {name!r} names nothing: expected non-empty text; check it")
+            try:
+                cls._check_text(name, what, max_chars=limit)
+            except ResolutionError as exc:
+                raise NotHeldError(f"{exc}; no such {what.removesuffix('_id')} can be held") from None
+
+    @classmethod
+    def _check_version(cls, version: object) -> str | None:
+        if version is None or version == "":
+            return None
+        checked = cls._check_text(version, "version", max_chars=64).strip()
+        if not checked:
+            return None
+        return checked
 
     def resolve(
         self,
@@ -239,6 +278,7 @@ class StepJournal:
         receipt: str | None = None,
         resolved_by: str,
         note: str = "",
+        expected_version: str | None = None,
     ) -> Resolution:
         """Settle a side-effect step whose outcome was unknown.
 
@@ -246,15 +286,20 @@ class StepJournal:
         never sent again. ``delivered=False`` means the receiver confirmed it never arrived: the row
         stays, FAILED and owed under the same key, and the next run sends it once without verify. If
         you cannot confirm either, do not call this.
+
+        ``expected_version``: the row's version as you saw it (``HeldStep.version``,
+        ``StepRecord.version``). If the row changed since, :class:`StaleDecisionError` is raised and
+        nothing changes: look again. Without it the decision applies to the row as it is now.
         """
         self._check_person(resolved_by, note)
         self._check_outcome(delivered, receipt)
         self._check_names(job_id, item_id, step)
-        with self._quiet_job(job_id), self._write(durable=True) as tx:
-            return self._settle_outcome(tx, job_id, item_id, step, delivered, receipt, resolved_by, note)
+        version = self._check_version(expected_version)
+        with self.deciding(job_id), self._write(durable=True) as tx:
+            return self._settle_outcome(tx, job_id, item_id, step, delivered, receipt, resolved_by, note, version)
 
-    @staticmethod
-    def _check_outcome(delivered: object, receipt: object) -> None:
+    @classmethod
+    def _check_outcome(cls, delivered: object, receipt: object) -> None:
         if not isinstance(delivered, bool):
             raise ResolutionError("delivered must be True or False")
         if delivered and (not isinstance(receipt, str) or not receipt.strip()):
@@ -262,19 +307,30 @@ class StepJournal:
                 "delivered=True needs the receiver's receipt as evidence; if you cannot find one, "
                 "leave the step held"
             )
-        if receipt is not None and not isinstance(receipt, str):
-            raise ResolutionError("receipt must be a string")
-        if receipt is not None and "\x00" in receipt:
-            raise ResolutionError("receipt must not contain NUL characters")
+        if receipt is not None:
+            cls._check_text(receipt, "receipt", max_bytes=MAX_RECEIPT_BYTES)
+
+    @staticmethod
+    def _stale(job_id: str, item_id: str, step: str, seen: str, version: str, now_is: str) -> StaleDecisionError:
+        return StaleDecisionError(
+            f"{job_id} / {item_id} / {step} changed since it was looked at (version {seen}, now {version}): "
+            f"it is now {now_is}. Nothing was changed; look at it again and decide on what it is now"
+        )
 
     def _settle_outcome(
         self, tx: Tx, job_id: str, item_id: str, step: str, delivered: bool, receipt: str | None,
-        resolved_by: str, note: str,
+        resolved_by: str, note: str, expected_version: str | None = None,
     ) -> Resolution:
         found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
         if found is None:
             raise self._no_such_row(tx, job_id, item_id, step)
-        side_effect, status, held_reason, not_sent = found
+        side_effect, status, held_reason, not_sent, counter, created_at, attempts, generation = found
+        version = version_text(counter, created_at)
+        if expected_version is not None and expected_version != version:
+            now_is = (f"{status}" + (f", held ({held_reason})" if held_reason else ", not held")
+                      + (", provably not sent (the next run sends it)" if not_sent else "")
+                      + f", after {attempts} attempt(s), key generation {generation}")
+            raise self._stale(job_id, item_id, step, expected_version, version, now_is)
         if not side_effect or status == Status.SUCCEEDED or not_sent:
             raise NotHeldError(
                 f"{job_id} / {item_id} / {step} is {status}"
@@ -295,7 +351,8 @@ class StepJournal:
         )
 
     def resolve_input_change(
-        self, job_id: str, item_id: str, *, use_new_input: bool, resolved_by: str, note: str = ""
+        self, job_id: str, item_id: str, *, use_new_input: bool, resolved_by: str, note: str = "",
+        expected_version: str | None = None,
     ) -> Resolution:
         """Settle an item held because its input changed since it was journaled.
 
@@ -304,21 +361,34 @@ class StepJournal:
         its sends are new operations, under the next generation of their idempotency keys (SPEC §9), so
         a receiver that dedupes by key does not drop them and one that refuses a reused key with
         different content is never sent one.
+
+        ``expected_version``: the held row's version as you saw it; see :meth:`resolve`.
         """
         self._check_person(resolved_by, note)
         if not isinstance(use_new_input, bool):
             raise ResolutionError("use_new_input must be True or False")
         self._check_names(job_id, item_id)
-        with self._quiet_job(job_id), self._write(durable=True) as tx:
-            return self._settle_input_change(tx, job_id, item_id, use_new_input, resolved_by, note)
+        version = self._check_version(expected_version)
+        with self.deciding(job_id), self._write(durable=True) as tx:
+            return self._settle_input_change(tx, job_id, item_id, use_new_input, resolved_by, note, version)
 
     def _settle_input_change(
         self, tx: Tx, job_id: str, item_id: str, use_new_input: bool, resolved_by: str, note: str,
+        expected_version: str | None = None,
     ) -> Resolution:
         found = tx.one(sql.INPUT_CHANGE_HOLD, (job_id, item_id))
         if found is None:
-            raise self._no_such_row(tx, job_id, item_id, None)
-        step, status, new_digest = found
+            missing = self._no_such_row(tx, job_id, item_id, None)
+            if expected_version is not None and tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id)) is not None:
+                # It was held when it was looked at: a run or another person settled it since.
+                raise self._stale(job_id, item_id, "(its input change)", expected_version, "-",
+                                  "no longer held for an input change") from None
+            raise missing
+        step, status, new_digest, counter, created_at = found
+        version = version_text(counter, created_at)
+        if expected_version is not None and expected_version != version:
+            raise self._stale(job_id, item_id, step, expected_version, version,
+                              f"{status}, held for another input change than the one looked at")
         now = time.time()
         if use_new_input:
             tx.run(sql.USE_NEW_INPUT, (new_digest, now, job_id, item_id))
@@ -331,22 +401,25 @@ class StepJournal:
 
     def apply_decision(
         self, job_id: str, item_id: str, step: str | None, decision: str, *, resolved_by: str,
-        receipt: str | None = None, note: str = "",
+        receipt: str | None = None, note: str = "", expected_version: str | None = None,
     ) -> Resolution:
         """One of :data:`DECISIONS` by name, as the resolve DAG, the UI page and the CLI take it:
         ``delivered`` (with ``receipt``) / ``not_delivered`` settle a send of unknown outcome (``step``
-        required); ``keep_previous_input`` / ``use_new_input`` settle an item whose input changed."""
+        required); ``keep_previous_input`` / ``use_new_input`` settle an item whose input changed.
+        ``expected_version`` as for :meth:`resolve`."""
         return self.apply_decisions(
             [{"job_id": job_id, "item_id": item_id, "step": step, "decision": decision, "receipt": receipt,
-              "note": note}], resolved_by=resolved_by)[0]
+              "note": note, "version": expected_version}], resolved_by=resolved_by)[0]
 
     def apply_decisions(self, entries: Sequence[Mapping[str, Any]], *, resolved_by: str) -> list[Resolution]:
         """Several decisions at once, all or nothing: each entry is a mapping with ``job_id``,
         ``item_id``, ``step`` (for ``delivered`` / ``not_delivered``), ``decision``, and optional
-        ``receipt`` and ``note``, as :meth:`apply_decision` takes them. Every entry is checked, then all
-        are applied in one transaction, each with its own audit row. If any entry is refused (a bad
-        field, a step that is not held, the same step twice, a job running right now), nothing
-        changes and the error names the entry (``entry 3: ...``)."""
+        ``receipt``, ``note`` and ``version`` (the row's version as its maker saw it: if the row has
+        changed since, the entry is refused as stale), as :meth:`apply_decision` takes them. Every
+        entry is checked, then all are applied in one transaction, each with its own audit row. If any
+        entry is refused (a bad field, a step that is not held or changed since it was seen, the same
+        step twice, a job running right now), nothing changes and the error names the entry
+        (``entry 3: ...``)."""
         if isinstance(entries, (str, bytes, Mapping)) or not isinstance(entries, Sequence):
             raise ResolutionError("decisions must be a list of entries (mappings)")
         if not entries:
@@ -364,7 +437,7 @@ class StepJournal:
         jobs = sorted({c[0] for c in checked})
         with contextlib.ExitStack() as quiet:
             for job_id in jobs:  # in one order, so two bulk calls never wait on each other crosswise
-                quiet.enter_context(self._quiet_job(job_id))
+                quiet.enter_context(self.deciding(job_id))
             with self._write(durable=True) as tx:
                 done: dict[int, Resolution] = {}
                 # Sends' outcomes first, then input changes: an item may have both held, and a
@@ -372,15 +445,15 @@ class StepJournal:
                 # must not decide whether the other decision is refused.
                 order = sorted(range(len(checked)), key=lambda i: checked[i][3] not in ("delivered", "not_delivered"))
                 for i in order:
-                    job_id, item_id, step, decision, receipt, note = checked[i]
+                    job_id, item_id, step, decision, receipt, note, version = checked[i]
                     try:
                         if decision in ("delivered", "not_delivered"):
                             assert step is not None
                             done[i] = self._settle_outcome(tx, job_id, item_id, step, decision == "delivered",
-                                                           receipt, resolved_by, note)
+                                                           receipt, resolved_by, note, version)
                         else:
                             done[i] = self._settle_input_change(tx, job_id, item_id, decision == "use_new_input",
-                                                                resolved_by, note)
+                                                                resolved_by, note, version)
                     except (ResolutionError, NotHeldError) as exc:
                         if len(checked) == 1:
                             raise
@@ -389,22 +462,23 @@ class StepJournal:
 
     def _check_entry(
         self, n: int, entry: object, resolved_by: str,
-    ) -> tuple[str, str, str | None, str, str | None, str]:
-        """(job_id, item_id, step, decision, receipt, note) of one entry, or the refusal naming it."""
+    ) -> tuple[str, str, str | None, str, str | None, str, str | None]:
+        """(job_id, item_id, step, decision, receipt, note, version) of one entry, or the refusal naming it."""
         where = "" if n == 0 else f"entry {n}: "
         try:
             if not isinstance(entry, Mapping):
                 raise ResolutionError("expected a mapping with job_id, item_id, step, decision")
             unknown = set(entry) - ENTRY_FIELDS
             if unknown:
-                raise ResolutionError(f"unknown field(s) {', '.join(sorted(map(str, unknown)))}; "
-                                      f"use {', '.join(sorted(ENTRY_FIELDS))}")
+                shown = ", ".join(sorted(repr(u)[:40] for u in unknown))
+                raise ResolutionError(f"unknown field(s) {shown}; use {', '.join(sorted(ENTRY_FIELDS))}")
             decision = entry.get("decision")
             job_id, item_id, step = entry.get("job_id"), entry.get("item_id"), entry.get("step") or None
             receipt, note = entry.get("receipt") or None, entry.get("note") or ""
-            if decision not in DECISIONS:
-                raise ResolutionError(f"unknown decision {decision!r}; use one of {', '.join(DECISIONS)}")
+            if not isinstance(decision, str) or decision not in DECISIONS:
+                raise ResolutionError(f"unknown decision {str(decision)[:40]!r}; use one of {', '.join(DECISIONS)}")
             self._check_person(resolved_by, note)
+            version = self._check_version(entry.get("version"))
             if decision in ("delivered", "not_delivered"):
                 if not step:
                     raise ResolutionError("step is required for delivered / not_delivered")
@@ -415,28 +489,34 @@ class StepJournal:
                 step, receipt = None, None
         except (ResolutionError, NotHeldError) as exc:
             raise type(exc)(f"{where}{exc}") from None
-        return job_id, item_id, step, decision, receipt, note  # type: ignore[return-value]
+        return job_id, item_id, step, decision, receipt, note, version  # type: ignore[return-value]
 
     @contextlib.contextmanager
-    def _quiet_job(self, job_id: str) -> Iterator[None]:
-        """Hold the job's claim while resolving: never settle a row its running job is still writing.
+    def deciding(self, job_id: str) -> Iterator[None]:
+        """Hold the job's claim while deciding about its rows: no run acts on them meanwhile.
 
-        (A send resolved "not delivered" while it is in flight would lose its receipt to the resolution
-        and be sent again.)
+        Never settle a row its running job is still writing (a send resolved "not delivered" while it is
+        in flight would lose its receipt to the resolution and be sent again). A look-up and the
+        settlement it leads to (the sensor's verify) go in one such block, so no run can send between
+        them; resolutions inside the block use its claim. A run of the job in progress:
+        :class:`JobBusyError`, nothing changed.
         """
+        if job_id in self._deciding:
+            yield
+            return
         try:
             claim = self._claim(job_id, runner=RESOLUTION_RUNNER, brief=True)
         except JobBusyError as exc:
-            busy = JobBusyError(
+            raise JobBusyError(
                 f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
-                "its held items after the run ends."
-            )
-            busy.holder, busy.runner = exc.holder, exc.runner
-            raise busy from None
+                "its held items after the run ends.", holder=exc.holder, runner=exc.runner,
+            ) from None
+        self._deciding.add(job_id)
         try:
             self._recover(job_id)
             yield
         finally:
+            self._deciding.discard(job_id)
             claim.release()
 
     def _no_such_row(self, tx: Tx, job_id: str, item_id: str, step: str | None) -> NotHeldError:

@@ -15,6 +15,12 @@ class JobBusyError(JournalError):
     holder = "holder unknown"  # who holds the job: pid, host, since when, which runner
     runner: str | None = None  # the holder's runner name, as it took the claim
 
+    def __init__(self, message: str, *, holder: str | None = None, runner: str | None = None) -> None:
+        super().__init__(message)
+        if holder is not None:
+            self.holder = holder
+        self.runner = runner
+
 
 class JobPrunedError(JournalError):
     """The job's history was pruned; running it again under the same job_id would re-send all."""
@@ -50,3 +56,8 @@ class NotHeldError(JournalError, ValueError):
 
 class ResolutionError(JournalError, ValueError):
     """A resolution was asked for with missing or malformed arguments."""
+
+
+class StaleDecisionError(ResolutionError):
+    """A decision was made about a step row that has changed since (another person, a run, verify):
+    nothing was changed. Look at the step again and decide on what it is now."""

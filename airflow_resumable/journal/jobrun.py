@@ -43,9 +43,10 @@ class JobRun:
     # A receipt log past this size is emptied after the next commit (all of it is committed then).
     RECEIPT_LOG_LIMIT = 1 << 20
 
-    def __init__(self, journal: StepJournal, job_id: str, *, runner: str | None) -> None:
+    def __init__(self, journal: StepJournal, job_id: str, *, runner: str | None, dag_id: str | None = None) -> None:
         self.journal = journal
         self.job_id = job_id
+        self.dag_id = dag_id
         self._pending: list[Record] = []
         self._last_flush = time.monotonic()
         self._claim = self._take_claim(journal, job_id, runner)
@@ -281,7 +282,7 @@ class JobRun:
             self._receipt_bytes = 0
 
     def _touch(self, now: float) -> Record:
-        return sql.TOUCH_JOB, (self.job_id, now, now, self._runner)
+        return sql.TOUCH_JOB, (self.job_id, now, now, self._runner, self.dag_id)
 
     def _commit(self, pending: list[Record], durable: bool) -> None:
         # Consecutive records of one kind go in one statement (upserts) or one executemany.

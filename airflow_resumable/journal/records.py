@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, NamedTuple
 
@@ -36,8 +37,17 @@ DECISIONS_BY_REASON = {
 }
 DECISIONS = tuple(d for pair in DECISIONS_BY_REASON.values() for d in pair)
 # One entry of a bulk resolution (StepJournal.apply_decisions), and how many one call may carry.
-ENTRY_FIELDS = frozenset({"job_id", "item_id", "step", "decision", "receipt", "note"})
+ENTRY_FIELDS = frozenset({"job_id", "item_id", "step", "decision", "receipt", "note", "version"})
 MAX_DECISIONS = 10_000
+
+# Limits of what a decision may carry, on every surface (the core refuses past them, with the same
+# message whichever surface it came through). Item ids as the runner takes them; a job id may be longer
+# (a DAG id, a task id and a run id); a step name is a Python identifier-ish label but who knows.
+MAX_ID_LENGTH = 1024
+MAX_JOB_ID_LENGTH = 64 * 1024
+MAX_NOTE_BYTES = 4 * 1024
+MAX_RECEIPT_BYTES = 64 * 1024
+MAX_PERSON_LENGTH = 1024  # resolved_by: a user name
 
 
 @dataclass(frozen=True)
@@ -60,6 +70,8 @@ class StepRecord:
     # this FAILED send provably never left the process (the next run sends it without verify).
     generation: int = 0
     not_sent: bool = False
+    # Changes whenever the row changes: a decision about this row carries it (expected_version).
+    version: str = ""
 
 
 class StepState(NamedTuple):
@@ -80,6 +92,9 @@ class HeldStep:
     step: str
     reason: HeldReason
     generation: int = 0  # of the send's idempotency key (what to ask the receiver about)
+    # The row's version as the journal showed it; None where the runner reports a hold it has just
+    # buffered (read the journal's held() for the version to decide on).
+    version: str | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -95,6 +110,9 @@ class JobSummary:
     # When a run last went through the whole batch; None while one is under way or after one that
     # stopped ("mark success", on_kill, a timeout) or died part way.
     finished_at: datetime | None = None
+    # The DAG that owns the job (recorded by its first run in Airflow); None for a job written outside
+    # Airflow or by a release before versions.
+    dag_id: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -136,6 +154,15 @@ def ts(value: float) -> datetime:
     return datetime.fromtimestamp(float(value), tz=timezone.utc)
 
 
+def version_text(counter: Any, created_at: Any) -> str:
+    """A step row's version as people and surfaces see it: opaque, 16 hex digits.
+
+    Derived from the row's write counter and its creation time, so a row that was pruned and written
+    anew never shows a version an old decision could still carry.
+    """
+    return hashlib.blake2b(f"{int(counter)}:{float(created_at)!r}".encode(), digest_size=8).hexdigest()
+
+
 def step_record(row: Any) -> StepRecord:
     """A ``steps`` row selected as :data:`~airflow_resumable.journal.statements.RECORD_COLUMNS`."""
     return StepRecord(
@@ -155,4 +182,5 @@ def step_record(row: Any) -> StepRecord:
         updated_at=ts(row[13]),
         generation=int(row[14]),
         not_sent=bool(row[15]),
+        version=version_text(row[16], row[12]),
     )

@@ -7,7 +7,7 @@ by a newer release and is refused, never downgraded.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 # Version 4: when a run last went through the whole batch (NULL while a run is under way, and after
 # one that stopped or died part way: such a job shows as not finished and is never pruned). Jobs
@@ -24,6 +24,16 @@ def _finished_at(seconds_type: str) -> tuple[str, ...]:
 _GENERATIONS = (
     "ALTER TABLE steps ADD COLUMN generation INTEGER NOT NULL DEFAULT 0",
     "ALTER TABLE steps ADD COLUMN not_sent SMALLINT NOT NULL DEFAULT 0 CHECK (not_sent IN (0, 1))",
+)
+
+# Version 6: a decision is applied only to the row its maker saw. Every write of a step row moves its
+# version on (the text a person is shown is derived from it and the row's creation time, so a row
+# pruned and written again never repeats one). Existing rows start at 1. The DAG that owns a job is
+# recorded with the job by its first run (NULL for jobs written outside Airflow or by older releases):
+# who may settle a job's items is decided by it, never by the job id's text.
+_VERSIONS = (
+    "ALTER TABLE steps ADD COLUMN version INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE jobs ADD COLUMN dag_id TEXT",
 )
 
 SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -94,6 +104,7 @@ SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     4: _finished_at("REAL"),
     5: _GENERATIONS,
+    6: _VERSIONS,
 }
 
 # PostgreSQL journals start at version 3, the same tables and meaning as SQLite's version 3. The
@@ -153,4 +164,5 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
     ),
     4: _finished_at("DOUBLE PRECISION"),
     5: _GENERATIONS,
+    6: _VERSIONS,
 }

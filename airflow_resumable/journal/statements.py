@@ -21,8 +21,11 @@ STEP_COLUMNS = (
 )
 RECORD_COLUMNS = (
     "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, "
-    "held_reason, new_digest, attempts, created_at, updated_at, generation, not_sent"
+    "held_reason, new_digest, attempts, created_at, updated_at, generation, not_sent, version"
 )
+# Every statement that changes a step row moves its version on (a new row starts at 1): a decision made
+# on what a person saw is applied only while the row is still as seen.
+NEXT_VERSION = "version = version + 1"
 
 # Held rows, and side-effect rows not yet SUCCEEDED whose outcome is unknown: what keeps a job from
 # being settled. A send that provably never left (not_sent) only waits for the next run.
@@ -42,7 +45,8 @@ ON CONFLICT (job_id, item_id, step) DO UPDATE SET
     new_digest  = NULL,
     attempts    = steps.attempts + excluded.attempts,
     updated_at  = excluded.updated_at,
-    not_sent    = excluded.not_sent
+    not_sent    = excluded.not_sent,
+    version     = steps.version + 1
 """
 UPSERT = f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {UPSERT_ROW}{UPSERT_CONFLICT}"
 
@@ -104,22 +108,25 @@ def upsert_statements(rows: Sequence[Sequence[Any]], max_params: int) -> list[St
 
 
 HOLD = """
-UPDATE steps SET held_reason = ?, new_digest = ?, updated_at = ?
+UPDATE steps SET held_reason = ?, new_digest = ?, updated_at = ?, version = version + 1
 WHERE job_id = ? AND item_id = ? AND step = ?
 """
 
 # A receipt from a dead runner's log settles only the very row it was logged for: a send still
 # IN_FLIGHT for the same input, not held. Anything else has moved on (resolved, re-run) since.
 FOLD_RECEIPT = """
-UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, updated_at = ?
+UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, updated_at = ?,
+       version = version + 1
 WHERE job_id = ? AND item_id = ? AND step = ? AND digest = ? AND side_effect = 1
   AND status = 'IN_FLIGHT' AND held_reason IS NULL
 """
 
+# The job's DAG is the one its first run in Airflow gave: it decides who may settle the job's items.
 TOUCH_JOB = """
-INSERT INTO jobs (job_id, created_at, updated_at, last_runner) VALUES (?, ?, ?, ?)
+INSERT INTO jobs (job_id, created_at, updated_at, last_runner, dag_id) VALUES (?, ?, ?, ?, ?)
 ON CONFLICT (job_id) DO UPDATE SET updated_at = excluded.updated_at,
-                                   last_runner = coalesce(excluded.last_runner, jobs.last_runner)
+                                   last_runner = coalesce(excluded.last_runner, jobs.last_runner),
+                                   dag_id = coalesce(jobs.dag_id, excluded.dag_id)
 """
 
 # A run under way (or stopped, or killed, part way) leaves the job unfinished; a run through the
@@ -148,16 +155,17 @@ SELECT j.job_id, j.created_at, j.updated_at, j.pruned_at,
        count(CASE WHEN s.held_reason IS NOT NULL THEN 1 END),
        count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED'
                   AND s.not_sent = 0 THEN 1 END),
-       j.finished_at
+       j.finished_at, j.dag_id
 FROM jobs j LEFT JOIN steps s ON s.job_id = j.job_id
 {where}
-GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at, j.finished_at ORDER BY j.updated_at DESC
+GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at, j.finished_at, j.dag_id ORDER BY j.updated_at DESC
 """
 
 JOB_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
 ITEM_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND item_id = ? ORDER BY created_at"
 OPEN_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id, step"
-HELD = "SELECT job_id, item_id, step, held_reason, generation FROM steps WHERE held_reason IS NOT NULL"
+HELD = """SELECT job_id, item_id, step, held_reason, generation, version, created_at FROM steps
+          WHERE held_reason IS NOT NULL"""
 RESOLUTIONS = """
 SELECT id, job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,
        previous_status, previous_held_reason
@@ -165,32 +173,36 @@ FROM resolutions WHERE job_id = ? ORDER BY id
 """
 
 RESOLVABLE_STEP = """
-SELECT side_effect, status, held_reason, not_sent FROM steps WHERE job_id = ? AND item_id = ? AND step = ?
+SELECT side_effect, status, held_reason, not_sent, version, created_at, attempts, generation FROM steps
+WHERE job_id = ? AND item_id = ? AND step = ?
 """
 RESOLVE_DELIVERED = """
-UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, held_reason = ?, updated_at = ?
+UPDATE steps SET status = 'SUCCEEDED', receipt = ?, output = ?, error_type = NULL, held_reason = ?, updated_at = ?,
+       version = version + 1
 WHERE job_id = ? AND item_id = ? AND step = ?
 """
 # not_delivered: the send is owed, under the same key (the generation stays): the next run sends it
 # once, without verify. A row is never deleted while its key may have reached a receiver.
 RESOLVE_NOT_DELIVERED = """
 UPDATE steps SET status = 'FAILED', not_sent = 1, receipt = NULL, output = NULL, error_type = NULL,
-       held_reason = ?, updated_at = ?
+       held_reason = ?, updated_at = ?, version = version + 1
 WHERE job_id = ? AND item_id = ? AND step = ?
 """
 INPUT_CHANGE_HOLD = """
-SELECT step, status, new_digest FROM steps WHERE job_id = ? AND item_id = ? AND held_reason = 'input_changed'
+SELECT step, status, new_digest, version, created_at FROM steps
+WHERE job_id = ? AND item_id = ? AND held_reason = 'input_changed'
 """
 # use_new_input: the new input is a new operation. Every step of the item runs again on it: its sends
 # move to their next key generation and are owed (not_sent: no key of that generation was ever used),
 # its local steps are FAILED so they run again. The rows stay, all with the new digest, as any item's do.
 USE_NEW_INPUT = """
 UPDATE steps SET generation = generation + side_effect, not_sent = side_effect, status = 'FAILED', digest = ?,
-       receipt = NULL, output = NULL, error_type = NULL, held_reason = NULL, new_digest = NULL, updated_at = ?
+       receipt = NULL, output = NULL, error_type = NULL, held_reason = NULL, new_digest = NULL, updated_at = ?,
+       version = version + 1
 WHERE job_id = ? AND item_id = ?
 """
 KEEP_PREVIOUS_INPUT = """
-UPDATE steps SET digest = ?, new_digest = NULL, updated_at = ?,
+UPDATE steps SET digest = ?, new_digest = NULL, updated_at = ?, version = version + 1,
        held_reason = CASE WHEN held_reason = 'input_changed' THEN NULL ELSE held_reason END
 WHERE job_id = ? AND item_id = ?
 """

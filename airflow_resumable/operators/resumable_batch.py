@@ -219,7 +219,7 @@ class ResumableBatchOperator(BaseOperator):
                     concurrency=self.concurrency, on_progress=self._log_progress,
                     progress_interval=self.progress_interval,
                     runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
-                    stop=self._stop,
+                    stop=self._stop, dag_id=context["ti"].dag_id,
                 )
             except BatchStopped:
                 asked = self.__dict__.get("_stop_asked_at")

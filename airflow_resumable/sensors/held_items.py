@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
 from airflow_resumable._airflow import JournalTarget, batch_job, journal_target, open_batch_journal
+from airflow_resumable.journal import JobBusyError
 from airflow_resumable.runner import verify_held
 from airflow_resumable.triggers.held_items import HeldItemTrigger
 
@@ -127,8 +128,13 @@ class HeldItemSensor(BaseSensorOperator):
             if job is None:
                 raise ValueError(f"{self.task_id}: journal {journal.location} has no job {job_id!r}")
             if self.verify is not None and not job.settled:
-                for settled in verify_held(journal, job_id, self.verify, resolved_by=f"sensor {self.task_id}"):
-                    self.log.info("%s / %s: receiver has a receipt, marked SUCCEEDED", settled.item_id, settled.step)
+                try:
+                    for settled in verify_held(journal, job_id, self.verify, resolved_by=f"sensor {self.task_id}"):
+                        self.log.info("%s / %s: settled by the receiver's answer", settled.item_id, settled.step)
+                except JobBusyError:
+                    # A run of the job is under way: it verifies its own held sends. Ask again next poke.
+                    self.log.info("Job %s is running right now; not settled yet", job_id)
+                    return journal.journal_id
                 job = journal.job(job_id)
                 assert job is not None
             if job.settled:
