@@ -222,3 +222,185 @@ def test_a_redirect_after_the_post_is_an_unknown_outcome_not_a_refused_connectio
         server.shutdown()
         server.server_close()
     assert len(received) == 1
+
+
+# ----------------------------------------------------------------- look-ups and replies that carry no answer
+
+
+def reply(status, body=b"", **headers):
+    """A scripted answer: ``body`` as bytes, or any other value as its JSON text."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return status, headers, data
+
+
+@pytest.fixture
+def scripted_receiver(monkeypatch):
+    """A receiver on 127.0.0.1 that answers as ``answer(method, path)`` says, behind the Airflow connection
+    ``scripted``; returns the list of (method, path) it was asked, in order."""
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    servers = []
+
+    def start(answer, extra=None):
+        seen = []
+
+        class Scripted(BaseHTTPRequestHandler):
+            def _answer(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                seen.append((self.command, self.path))
+                status, headers, body = answer(self.command, self.path)
+                self.send_response(status)
+                for name, value in headers.items():
+                    self.send_header(name.replace("_", "-"), value)
+                if status != 204:
+                    self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer  # noqa: N815
+
+            def log_message(self, *args):
+                pass
+
+        server = HTTPServer(("127.0.0.1", 0), Scripted)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        monkeypatch.setenv("AIRFLOW_CONN_SCRIPTED", json.dumps(
+            {"conn_type": "http", "host": f"http://127.0.0.1:{server.server_address[1]}", "extra": extra or {}}))
+        return seen
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def a_context():
+    from airflow_resumable.runner import StepContext
+
+    return StepContext("job", "a", "notify", "digest")
+
+
+@pytest.mark.parametrize("status", [301, 302, 303, 307, 308])
+def test_verify_never_follows_a_redirect_to_a_page_that_answers_404(scripted_receiver, status):
+    """An authoritative look-up answering 3xx to a login page that answers 404: following it would read
+    the login page's 404 as "never got it" and send the item again. A 3xx is "cannot tell": hold. The
+    connection's extra asking for redirects does not change that."""
+    from airflow_resumable.notifiers.http import HttpReceiver
+
+    def answer(method, path):
+        if path.startswith("/notifications/"):
+            return reply(status, Location="/login?next=" + path)
+        return reply(404, {"error": "no such page"})
+
+    seen = scripted_receiver(answer, extra={"lookup_authoritative": True, "allow_redirects": True})
+    http = HttpReceiver("scripted", timeout=5)
+    assert http.lookup_authoritative is True
+    ctx = a_context()
+    assert http.verify(ctx) is None
+    assert seen == [("GET", f"/notifications/{ctx.idempotency_key}")]  # the redirect's target was never asked
+
+
+def test_a_lookup_redirected_to_a_404_holds_the_send_and_never_sends_it_again(scripted_receiver, tmp_path):
+    """The whole run: a send whose reply was a 502 (the receiver may have it), then a run whose
+    authoritative look-up answers 302 to a page that answers 404. The step is held; one POST in all."""
+    from airflow_resumable.journal import HeldReason
+    from airflow_resumable.notifiers.http import HttpReceiver, ReceiverError
+
+    def answer(method, path):
+        if method == "POST":
+            return reply(502, {"error": "bad gateway"})
+        if path.startswith("/notifications/"):
+            return reply(302, Location="/login")
+        return reply(404, {"error": "no such page"})
+
+    seen = scripted_receiver(answer, extra={"lookup_authoritative": "true"})
+    http = HttpReceiver("scripted", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(ReceiverError, match="502"):
+            run_batch(journal, "job", [{"id": "a"}], steps)
+        second = run_batch(journal, "job", [{"id": "a"}], steps)
+        assert [(h.item_id, h.reason) for h in second.held] == [("a", HeldReason.UNKNOWN_OUTCOME)]
+        assert second.resent_steps == 0 and journal.resolutions("job") == []
+    assert [method for method, _ in seen] == ["POST", "GET"] and ("GET", "/login") not in seen
+
+
+NO_RECEIPT = {
+    "receipt null": reply(200, {"receipt": None}),
+    "receipt missing": reply(200, {"status": "ok"}),
+    "receipt empty": reply(200, {"receipt": ""}),
+    "receipt blank": reply(200, {"receipt": "  "}),
+    "receipt false": reply(200, {"receipt": False}),
+    "receipt an empty list": reply(200, {"receipt": []}),
+    "body not an object": reply(200, ["r-1"]),
+    "body a JSON string": reply(200, "r-1"),
+    "body not JSON": reply(200, b"<html>Sign in</html>", Content_Type="text/html"),
+    "no body": reply(204),
+}
+
+
+@pytest.mark.parametrize("answer", list(NO_RECEIPT.values()), ids=list(NO_RECEIPT))
+def test_verify_treats_a_2xx_without_receipt_as_cannot_tell(scripted_receiver, answer):
+    """A 2xx look-up that names no receipt does not say what it found: None (hold), never the
+    receipt "None", never an exception about the body."""
+    from airflow_resumable.notifiers.http import HttpReceiver
+
+    seen = scripted_receiver(lambda method, path: answer, extra={"lookup_authoritative": True})
+    assert HttpReceiver("scripted", timeout=5).verify(a_context()) is None
+    assert len(seen) == 1
+
+
+@pytest.mark.parametrize(("receipt", "text"), [("r-1", "r-1"), (42, "42"), (0, "0"), ({"id": "r-1"}, '{"id": "r-1"}')])
+def test_verify_returns_a_2xx_receipt_as_text(scripted_receiver, receipt, text):
+    """Any receipt the reply names, falsy numbers included, is that receipt as text (an object: its JSON)."""
+    from airflow_resumable.notifiers.http import HttpReceiver
+
+    scripted_receiver(lambda method, path: reply(200, {"receipt": receipt}))
+    assert HttpReceiver("scripted", timeout=5).verify(a_context()) == text
+
+
+# The receiver's own word (its JSON object, or a 204) without a receipt: it took the POST.
+RECEIVER_SAID_NO_RECEIPT = {k: v for k, v in NO_RECEIPT.items() if k.startswith(("receipt", "no body"))}
+NOT_THE_RECEIVERS_WORD = {k: v for k, v in NO_RECEIPT.items() if k not in RECEIVER_SAID_NO_RECEIPT}
+
+
+@pytest.mark.parametrize("answer", list(NOT_THE_RECEIVERS_WORD.values()), ids=list(NOT_THE_RECEIVERS_WORD))
+def test_notify_takes_a_2xx_that_is_not_the_receivers_json_as_an_unknown_outcome(scripted_receiver, tmp_path, answer):
+    """A 200 HTML page (a proxy's, a portal's) or a body that is no JSON object is no word from the
+    receiver: the send may never have arrived, so it is neither done (lost) nor sent again blindly -
+    the next run asks the look-up, and a non-authoritative 404 holds it for a human."""
+    from airflow_resumable.journal import HeldReason
+    from airflow_resumable.notifiers.http import HttpReceiver, ReceiverError
+
+    seen = scripted_receiver(lambda method, path: answer if method == "POST" else reply(404, {}))
+    http = HttpReceiver("scripted", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(ReceiverError):
+            run_batch(journal, "job", [{"id": "a"}], steps)
+        again = run_batch(journal, "job", [{"id": "a"}], steps)
+        assert [h.reason for h in again.held] == [HeldReason.UNKNOWN_OUTCOME]
+    assert [m for m, _ in seen].count("POST") == 1
+
+
+@pytest.mark.parametrize("answer", list(RECEIVER_SAID_NO_RECEIPT.values()), ids=list(RECEIVER_SAID_NO_RECEIPT))
+def test_notify_records_a_2xx_without_receipt_as_delivered_never_as_receipt_none(scripted_receiver, tmp_path,
+                                                                                answer):
+    """The receiver accepted the POST (2xx) but named no receipt: the send arrived, so the step is done
+    and is never sent again - recorded with a receipt that says so, not "None" (nor an exception that
+    would leave a delivered send as an unknown outcome)."""
+    from airflow_resumable.journal import Status
+    from airflow_resumable.notifiers.http import HttpReceiver
+
+    status = answer[0]
+    seen = scripted_receiver(lambda method, path: answer if method == "POST" else reply(404, {}))
+    http = HttpReceiver("scripted", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        first = run_batch(journal, "job", [{"id": "a"}], steps)
+        again = run_batch(journal, "job", [{"id": "a"}], steps)
+        (row,) = journal.rows("job")
+    assert (first.status, first.executed_steps, again.executed_steps) == ("completed", 1, 0)
+    assert row.status == Status.SUCCEEDED and row.receipt == f"HTTP {status}, no receipt in the reply"
+    assert seen == [("POST", "/notifications")]

@@ -12,10 +12,14 @@ Only a failure to open the connection - refused, the name did not resolve, the c
 certain to have written no byte of the request: ``notify`` raises ``ReceiverUnreachable`` (a
 ``NotSentError``) for those, and the next run sends the item without verify or hold. A TLS handshake
 failure, a proxy error or a reset on a reused connection stay unknown: they are not proof.
+
+Neither follows a redirect. For ``verify`` a 3xx, or a 2xx that names no receipt, is "cannot tell"
+(``None``: the runner holds), never ``NOT_DELIVERED`` and never a receipt ``"None"``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from functools import cached_property
 from typing import Any
@@ -53,6 +57,28 @@ def _never_written(exc: requests.exceptions.ConnectionError) -> bool:
         return True
     cause = exc.args[0] if exc.args else None
     return isinstance(getattr(cause, "reason", None), NewConnectionError)
+
+
+def _json_object(response: requests.Response) -> bool:
+    try:
+        return isinstance(response.json(), dict)
+    except ValueError:
+        return False
+
+
+def _receipt_in(response: requests.Response, field: str) -> str | None:
+    """The receipt a 2xx reply names in ``field``, as text; None when it names none: the field is
+    missing, null, false, empty or blank, or the body is not a JSON object (a login page, a 204, a
+    list). Never the text "None". A string is kept as it is, any other value as its JSON text."""
+    try:
+        body = response.json()
+    except ValueError:  # requests' JSONDecodeError is a ValueError; an empty body is one too
+        return None
+    receipt = body.get(field) if isinstance(body, dict) else None
+    if receipt is None or receipt is False or receipt in ("", [], {}):
+        return None
+    text = receipt if isinstance(receipt, str) else json.dumps(receipt)
+    return text if text.strip() else None
 
 
 class HttpReceiver:
@@ -120,7 +146,17 @@ class HttpReceiver:
             raise
         if response.status_code >= 300:  # a redirect or an error: the receiver may have it, unknown outcome
             raise ReceiverError(response.status_code)
-        return str(response.json()[self.receipt_field])
+        if response.status_code != 204 and not _json_object(response):
+            # A 2xx page that is not the receiver's JSON (a proxy's or a portal's HTML) is no word from
+            # the receiver at all: the POST may never have reached it. Unknown outcome: verify or hold.
+            raise ReceiverError(response.status_code)
+        # A 204, or the receiver's JSON without a receipt, is its word that it took the POST: the send
+        # arrived. Raising would leave a delivered send as an unknown outcome, and recording "None" would
+        # pass for the receiver's reference. So it is done, and its receipt says what we know - the
+        # status, without the body (which may be large, or carry data we keep out of the journal). The
+        # idempotency key stays the way to find it on the receiver.
+        receipt = _receipt_in(response, self.receipt_field)
+        return receipt if receipt is not None else f"HTTP {response.status_code}, no receipt in the reply"
 
     @cached_property
     def lookup_authoritative(self) -> bool:
@@ -138,15 +174,21 @@ class HttpReceiver:
         response = self._get.run(
             self.lookup_endpoint.format(key=ctx.idempotency_key),
             headers=_NOT_HEADERS,
-            extra_options={"timeout": self.timeout, "check_response": False},
+            # Never follow a redirect (whatever the connection's extra says; ours wins): the 404 of a
+            # login page it leads to is not the receiver saying "never got it", and with an
+            # authoritative look-up that would send the item again.
+            extra_options={"timeout": self.timeout, "check_response": False, "allow_redirects": False},
         )
+        if 300 <= response.status_code < 400:
+            return None  # a redirect is no answer about the key: cannot tell, hold
         if response.status_code == 404:
             # Authoritative: never got it, send once now. Otherwise: cannot tell, hold.
             return NOT_DELIVERED if self.lookup_authoritative else None
         if response.status_code >= 400:
             raise ReceiverError(response.status_code)  # the runner holds the step: unknown outcome
-        receipt = response.json().get(self.receipt_field)
-        return str(receipt) if receipt else None
+        # A 2xx without a receipt does not say what it found (a generic page, a 200 for anything):
+        # cannot tell, hold - never a receipt "None".
+        return _receipt_in(response, self.receipt_field)
 
 
 class HttpNotifier(HttpReceiver):
