@@ -27,6 +27,7 @@ from airflow_resumable.journal import (
 )
 from airflow_resumable.runner import Step, StepContext, run_batch
 from tests.backends import snapshot
+from tests.scenario import held_job
 
 JOB = "pg/job"
 
@@ -320,3 +321,20 @@ def test_a_refused_statement_is_not_a_lost_session_and_the_claim_is_given_back(p
     finally:
         journal.close()
         blocker.close()
+
+
+def test_a_version_5_journal_is_migrated_and_its_held_rows_can_be_decided_on_what_was_seen(postgres_url):
+    """Version 6 added steps.version (every existing row at its first version) and jobs.dag_id (unknown
+    for jobs journaled before: settling them needs permission on all DAGs)."""
+    held_job(postgres_url, JOB)
+    with admin(postgres_url) as conn:  # back to what a version 5 journal looks like
+        conn.execute("ALTER TABLE resumable.steps DROP COLUMN version")
+        conn.execute("ALTER TABLE resumable.jobs DROP COLUMN dag_id")
+        conn.execute("UPDATE resumable.meta SET value = '5' WHERE key = 'schema_version'")
+    with StepJournal(postgres_url) as journal:
+        (hold,) = journal.held(JOB)
+        assert hold.version and journal.job(JOB).dag_id is None
+        journal.resolve(JOB, "a", "send", delivered=False, resolved_by="alice", expected_version=hold.version)
+    with admin(postgres_url) as conn:
+        assert conn.execute("SELECT value FROM resumable.meta WHERE key = 'schema_version'").fetchone()[0] == str(
+            SCHEMA_VERSION)
