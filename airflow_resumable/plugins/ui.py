@@ -1,28 +1,29 @@
 """The FastAPI app behind the "Resumable jobs" page: jobs, held items, and a pre-filled Resolve form.
 
-Read-only. Every question goes through the journal's read API (no SQL here); resolutions are
-triggered runs of the ``resolve_held_item`` DAG, made by the user's browser through Airflow's own
-REST API and permissions. The journal is the one the operators use on this host
-(``[resumable] journal_path``), never a path from the request.
+Every question goes through the journal's API (no SQL here). Page views write nothing; a decision
+(``POST /api/resolve``, ``/api/resolve-many``) is applied by the journal as the signed-in user, with
+the row versions the page showed: a step that changed since is refused (409), never settled blind.
+The journal is the one the operators use on this host (``[resumable] journal_conn_id`` or
+``journal_path``), never a location from the request.
 
 Airflow does not authenticate plugin apps, so this one does, with Airflow's own machinery: the JWT
 of the request (``Authorization: Bearer`` or the ``_token`` cookie the Airflow UI sets for the
-browser, which also reaches this app in the UI's iframe) and the auth manager's DAG read permission.
+browser, which also reaches this app in the UI's iframe) and the auth manager's DAG permissions on
+the DAG each job recorded (read to see it, edit to settle it).
 """
 
 from __future__ import annotations
 
 import secrets
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
 from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
@@ -40,16 +41,19 @@ from airflow_resumable.journal import (
     NotHeldError,
     Resolution,
     ResolutionError,
+    StaleDecisionError,
     StepJournal,
     StepRecord,
 )
-from airflow_resumable.runner import MAX_ID_LENGTH, idempotency_key
+from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
+from airflow_resumable.runner import idempotency_key
 
 URL_PREFIX = "/resumable"
 # The page stays small for a job with 50,000 held items; the JSON says how many were left out.
 MAX_OPEN_ROWS = 500
 MAX_RESOLUTIONS = 50
-MAX_JOB_ID_LENGTH = 64 * 1024
+# "Resolve several" posts at most the rows the page shows; each entry becomes an audit row with the note.
+MAX_DECISIONS_PER_REQUEST = MAX_OPEN_ROWS
 
 _templates = Environment(
     loader=PackageLoader("airflow_resumable.plugins", "templates"),
@@ -62,39 +66,60 @@ _templates = Environment(
 # --------------------------------------------------------------------------------- authentication
 
 
-def _authorized_dags(user: Any, method: str) -> tuple[bool, frozenset[str]]:
-    """(all DAGs?, else the DAG ids) the auth manager lets ``user`` access with ``method``."""
+def _auth_manager() -> Any:
     from airflow.api_fastapi.app import get_auth_manager
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
 
-    auth_manager = get_auth_manager()
-    if auth_manager.is_authorized_dag(method=method, user=user, details=DagDetails()):
-        return True, frozenset()
-    return False, frozenset(auth_manager.get_authorized_dag_ids(user=user, method=method))
+    return get_auth_manager()
 
 
-@dataclass(frozen=True)
 class Viewer:
-    """Who is asking, and which jobs they may see."""
+    """Who is asking, and what they may do with which DAG's jobs (the auth manager's answers, asked
+    once per request and DAG).
 
-    name: str
-    all_dags: bool
-    dag_ids: frozenset[str]
-    user: Any = field(default=None, compare=False, repr=False)
+    A job belongs to the DAG its first run recorded in the journal (``JobSummary.dag_id``), never to
+    the first segment of its id: a custom job_id may start with any other DAG's id. A job with no
+    recorded DAG (written outside Airflow, or by an older release) needs the permission on all DAGs.
+    """
 
-    def may_see(self, job_id: str) -> bool:
-        # A default job_id starts with its DAG id; a custom one is shown to users who read all DAGs.
-        return self.all_dags or job_id.split("/", 1)[0] in self.dag_ids
+    def __init__(self, name: str, user: Any) -> None:
+        self.name = name
+        self.user = user
+        self._on_all: dict[str, bool] = {}
+        self._on_dag: dict[tuple[str, str], bool] = {}
 
-    @cached_property
-    def _editable(self) -> tuple[bool, frozenset[str]]:
-        # Asked only by the resolve form and endpoint, not by every page view.
-        return _authorized_dags(self.user, "PUT")
+    def __repr__(self) -> str:
+        return f"Viewer({self.name!r})"
 
-    def may_settle(self, job_id: str) -> bool:
+    def on_all_dags(self, method: str) -> bool:
+        if method not in self._on_all:
+            # No details: the question is about every DAG (the auth manager's "DAGs" resource as a whole).
+            self._on_all[method] = bool(_auth_manager().is_authorized_dag(method=method, user=self.user))
+        return self._on_all[method]
+
+    @property
+    def all_dags(self) -> bool:
+        """May read every DAG's jobs (those with no recorded DAG too)."""
+        return self.on_all_dags("GET")
+
+    def allowed(self, method: str, dag_ids: Iterable[str | None]) -> set[str | None]:
+        """Those of ``dag_ids`` the user may access with ``method`` (None: a job with no recorded DAG)."""
+        wanted = set(dag_ids)
+        if self.on_all_dags(method):
+            return wanted
+        named = {d for d in wanted if d is not None}
+        unasked = {d for d in named if (method, d) not in self._on_dag}
+        if unasked:
+            # One question for the lot: auth managers answer it in one query where they can.
+            granted = _auth_manager().filter_authorized_dag_ids(dag_ids=unasked, user=self.user, method=method)
+            self._on_dag.update({(method, d): d in granted for d in unasked})
+        return {d for d in named if self._on_dag[(method, d)]}
+
+    def may_read(self, job: JobSummary) -> bool:
+        return job.dag_id in self.allowed("GET", [job.dag_id])
+
+    def may_settle(self, job: JobSummary) -> bool:
         """Settling a held item is acting on the job's DAG: Airflow's edit permission on it (as Clear)."""
-        edit_all, edit_ids = self._editable
-        return edit_all or job_id.split("/", 1)[0] in edit_ids
+        return job.dag_id in self.allowed("PUT", [job.dag_id])
 
 
 async def require_dag_read(request: Request) -> Viewer:
@@ -106,10 +131,10 @@ async def require_dag_read(request: Request) -> Viewer:
 
     credentials = await HTTPBearer(auto_error=False)(request)
     user = await get_user(request, credentials)  # Airflow answers 401/403 itself
-    all_dags, dag_ids = _authorized_dags(user, "GET")
-    if not all_dags and not dag_ids:
+    viewer = Viewer(user.get_name(), user)
+    if not viewer.on_all_dags("GET") and not _auth_manager().get_authorized_dag_ids(user=user, method="GET"):
         raise HTTPException(status_code=403, detail="Forbidden: DAG read permission is required")
-    return Viewer(user.get_name(), all_dags, dag_ids, user)
+    return viewer
 
 
 ViewerDep = Annotated[Viewer, Depends(require_dag_read)]
@@ -157,6 +182,7 @@ def _job_dict(job: JobSummary) -> dict[str, Any]:
     total = sum(job.counts.values())
     return {
         "job_id": job.job_id,
+        "dag_id": job.dag_id,  # the DAG that owns it (who may see and settle it); None: not recorded
         "status": job.status,
         "counts": dict(job.counts),
         "steps_journaled": total,
@@ -187,26 +213,48 @@ def _row_dict(row: StepRecord) -> dict[str, Any]:
         "generation": row.generation,
         "not_sent": row.not_sent,  # a FAILED send that provably never left: the next run sends it
         "updated_at": row.updated_at.isoformat(),
+        # The row as shown: a decision about it carries this, and is refused if the row changed since.
+        "version": row.version,
     }
 
 
+def _id_problem(value: str, limit: int) -> str | None:
+    """Why ``value`` cannot name anything in the journal (the journal's own limits), or None."""
+    if not value:
+        return "is empty"
+    if len(value) > limit:
+        return f"is {len(value)} characters; at most {limit}"
+    if "\x00" in value:
+        return "contains a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "contains a lone surrogate (not valid Unicode text)"
+    return None
+
+
 def _check_id(value: str, what: str) -> str:
-    # Item ids are at most MAX_ID_LENGTH (the runner refuses longer ones); job ids may be longer (a
-    # DAG id, a task id and a run id), so any job the list shows has a page.
-    limit = MAX_JOB_ID_LENGTH if what == "job" else MAX_ID_LENGTH
-    if not value or len(value) > limit:
+    # Checked before any look-up: such an id names nothing, and neither engine can even be asked about
+    # it. Item ids are at most MAX_ID_LENGTH (the runner refuses longer ones); job ids may be longer
+    # (a DAG id, a task id and a run id), so any job the list shows has a page.
+    if _id_problem(value, MAX_JOB_ID_LENGTH if what == "job" else MAX_ID_LENGTH):
         raise HTTPException(status_code=404, detail=f"unknown {what}")
     return value
 
 
-def _job_detail(journal: StepJournal | None, job_id: str, viewer: Viewer) -> dict[str, Any]:
+def _readable_job(journal: StepJournal | None, job_id: str, viewer: Viewer) -> JobSummary:
+    """The job, if it exists and the viewer may read its DAG's jobs; else the same 404 either way."""
     _check_id(job_id, "job")
-    job = journal.job(job_id) if journal is not None and viewer.may_see(job_id) else None
-    if job is None:
+    job = journal.job(job_id) if journal is not None else None
+    if job is None or not viewer.may_read(job):
         raise HTTPException(status_code=404, detail="unknown job")
+    return job
+
+
+def _job_detail(journal: StepJournal | None, job: JobSummary) -> dict[str, Any]:
     assert journal is not None
-    open_rows = journal.open_rows(job_id)
-    resolutions = journal.resolutions(job_id)
+    open_rows = journal.open_rows(job.job_id)
+    resolutions = journal.resolutions(job.job_id)
     return {
         "job": _job_dict(job),
         "open_rows": [_row_dict(r) for r in open_rows[:MAX_OPEN_ROWS]],
@@ -241,15 +289,18 @@ def resolve_path(job_id: str, item_id: str, step: str) -> str:
     return "/resolve?" + urlencode({"job_id": job_id, "item_id": item_id, "step": step})
 
 
-def batch_task_path(job_id: str) -> str | None:
-    """The batch task instance in the Airflow UI, when the job uses the default job_id."""
+def batch_task_path(job_id: str, dag_id: str | None = None) -> str | None:
+    """The batch task instance in the Airflow UI, when the job uses the default job_id (of ``dag_id``,
+    the DAG the job recorded, when there is one: a custom id may start with another DAG's id)."""
     parts = job_id.split("/")
+    if dag_id is not None and parts[0] != dag_id:
+        return None
     if len(parts) == 4 and parts[3].isdigit():
-        dag_id, task_id, run_id, map_index = parts
-        return f"/dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}/mapped/{map_index}"
+        dag, task_id, run_id, map_index = parts
+        return f"/dags/{quote(dag)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}/mapped/{map_index}"
     if len(parts) == 3:
-        dag_id, task_id, run_id = parts
-        return f"/dags/{quote(dag_id)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}"
+        dag, task_id, run_id = parts
+        return f"/dags/{quote(dag)}/runs/{quote(run_id, safe='')}/tasks/{quote(task_id)}"
     return None
 
 
@@ -294,17 +345,40 @@ def _page(request: Request, template: str, status_code: int = 200, **values: Any
     return HTMLResponse(html, status_code=status_code)
 
 
-@app.exception_handler(StarletteHTTPException)
-async def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
-    # Short, fixed messages only; JSON for the JSON endpoints and API clients, a page for browsers.
-    headers = getattr(exc, "headers", None)
+def _sayable(text: str) -> str:
+    """``text`` as a response can carry it: a lone surrogate (which a JSON request body may hold and no
+    encoder takes) is shown escaped rather than turning a refusal into a 500."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _refusal(request: Request, status_code: int, detail: Any, headers: Any = None) -> Any:
+    # JSON for the JSON endpoints and API clients, a page for browsers (the forms show a JSON refusal's
+    # detail as "Refused: ...").
+    detail = _sayable(detail) if isinstance(detail, str) else detail
     json_endpoint = request.url.path.endswith("/jobs.json") or f"{URL_PREFIX}/api/" in request.url.path
     if json_endpoint or "text/html" not in request.headers.get("accept", ""):
-        return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=headers)
+        return JSONResponse({"detail": detail}, status_code=status_code, headers=headers)
     if not hasattr(request.state, "csp_nonce"):
         request.state.csp_nonce = ""
-    return _page(request, "error.html", status_code=exc.status_code, message=str(exc.detail),
-                 login=_login_url(request) if exc.status_code == 401 else None)
+    return _page(request, "error.html", status_code=status_code, message=str(detail),
+                 login=_login_url(request) if status_code == 401 else None)
+
+
+@app.exception_handler(StarletteHTTPException)
+async def _http_error(request: Request, exc: StarletteHTTPException) -> Any:
+    # Short, fixed messages, or the journal's refusal of a decision (which names no secret).
+    return _refusal(request, exc.status_code, exc.detail, getattr(exc, "headers", None))
+
+
+@app.exception_handler(RequestValidationError)
+async def _malformed_request(request: Request, exc: RequestValidationError) -> Any:
+    # Where and what only: FastAPI's own answer echoes the input back (up to a whole list of
+    # decisions, and text no encoder takes), and the forms show a text detail, not a list.
+    problems = [
+        f"{'.'.join(str(part) for part in error.get('loc', ())[1:]) or 'body'}: {error.get('msg', 'invalid')}"
+        for error in exc.errors()[:5]
+    ]
+    return _refusal(request, 422, f"malformed request ({'; '.join(problems)}); nothing was changed")
 
 
 def _login_url(request: Request) -> str | None:
@@ -320,7 +394,9 @@ def _login_url(request: Request) -> str | None:
 
 
 def _visible_jobs(journal: StepJournal | None, viewer: Viewer) -> list[JobSummary]:
-    return [j for j in (journal.jobs() if journal else []) if viewer.may_see(j.job_id)]
+    jobs = journal.jobs() if journal else []
+    readable = viewer.allowed("GET", {j.dag_id for j in jobs})
+    return [j for j in jobs if j.dag_id in readable]
 
 
 def _held_rows(journal: StepJournal | None, jobs: list[JobSummary]) -> tuple[list[dict[str, Any]], int]:
@@ -350,7 +426,7 @@ def jobs_json(viewer: ViewerDep) -> dict[str, Any]:
 @app.get("/api/jobs/{job_id:path}")
 def job_json(job_id: str, viewer: ViewerDep) -> dict[str, Any]:
     with _journal() as journal:
-        return _job_detail(journal, job_id, viewer)
+        return _job_detail(journal, _readable_job(journal, job_id, viewer))
 
 
 @app.get("/", response_class=HTMLResponse)
@@ -366,12 +442,13 @@ def jobs_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
 @app.get("/jobs/{job_id:path}", response_class=HTMLResponse)
 def job_page(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
     with _journal() as journal:
-        detail = _job_detail(journal, job_id, viewer)
+        job = _readable_job(journal, job_id, viewer)
+        detail = _job_detail(journal, job)
     held = [r for r in detail["open_rows"] if r["held_reason"]]
     for row in held:
         row["decisions"] = DECISIONS_BY_REASON[HeldReason(row["held_reason"])]
     return _page(request, "job.html", **detail, max_rows=MAX_OPEN_ROWS, viewer=viewer, held_rows=held,
-                 may_settle=bool(held) and viewer.may_settle(job_id))
+                 may_settle=bool(held) and viewer.may_settle(job))
 
 
 class _Decision(BaseModel):
@@ -381,21 +458,33 @@ class _Decision(BaseModel):
     decision: str
     receipt: str = ""
     note: str = ""
+    version: str | None = None  # the row's version as shown; none: decides about the row as it is now
 
 
-def _check_settle(request: Request, viewer: Viewer, job_id: str, item_ids: list[str]) -> None:
-    """JSON only, well-formed ids, and the signed-in user may act on the job's DAG: else refused."""
+def _settleable_job(request: Request, viewer: Viewer, job_id: str) -> JobSummary:
+    """JSON only, a job the user may read, and edit permission on its DAG: else refused, before any write.
+
+    The job's text fields are checked by the journal as it applies the decision (with its message);
+    the job id only here, as it is looked up first."""
     if request.headers.get("content-type", "").split(";")[0].strip().lower() != "application/json":
         raise HTTPException(status_code=415, detail="send the decision as application/json")
-    _check_id(job_id, "job")
-    for item_id in item_ids:
-        _check_id(item_id, "item")
-    if not viewer.may_see(job_id):
-        raise HTTPException(status_code=404, detail="unknown job")
-    if not viewer.may_settle(job_id):
+    problem = _id_problem(job_id, MAX_JOB_ID_LENGTH)
+    if problem:
+        raise HTTPException(status_code=422, detail=f"job_id {problem}; nothing was changed")
+    with _journal() as journal:
+        job = _readable_job(journal, job_id, viewer)
+    if not viewer.may_settle(job):
+        dag = (f"DAG {job.dag_id!r}" if job.dag_id is not None else
+               "all DAGs (this job has no recorded DAG: it was written outside Airflow or by an older release)")
         raise HTTPException(status_code=403, detail=(
-            f"you may read this job but not act on DAG {job_id.split('/', 1)[0]!r}: settling a held item "
-            "needs Airflow's edit permission on the job's DAG (as Clear does); nothing was changed"))
+            f"you may read this job but not act on {dag}: settling a held item needs Airflow's edit "
+            "permission on the job's DAG (as Clear does); nothing was changed"))
+    return job
+
+
+def _nothing_changed(exc: Exception) -> str:
+    message = str(exc)
+    return message if "nothing was changed" in message.lower() else f"{message}; nothing was changed"
 
 
 @app.post("/api/resolve")
@@ -403,22 +492,25 @@ def resolve_json(request: Request, body: _Decision, viewer: ViewerDep) -> dict[s
     """Settle one held step as the signed-in user, after checking that they may act on the job's DAG.
 
     The API server applies it through the journal API (one transaction and an audit row naming the
-    user). JSON only: a cross-site form cannot post it (the browser would need CORS to send JSON)."""
-    _check_settle(request, viewer, body.job_id, [body.item_id])
+    user), only if the row is still the ``version`` the person saw. JSON only: a cross-site form
+    cannot post it (the browser would need CORS to send JSON)."""
+    _settleable_job(request, viewer, body.job_id)
     with _journal(readonly=False) as journal:
         if journal is None:
             raise HTTPException(status_code=404, detail="unknown job")
         try:
             resolution = journal.apply_decision(
                 body.job_id, body.item_id, body.step or None, body.decision, resolved_by=viewer.name,
-                receipt=body.receipt.strip() or None, note=body.note,
+                receipt=body.receipt.strip() or None, note=body.note, expected_version=body.version or None,
             )
+        except StaleDecisionError as exc:  # the step changed since it was shown: look again
+            raise HTTPException(status_code=409, detail=_nothing_changed(exc)) from None
         except NotHeldError as exc:
-            raise HTTPException(status_code=404, detail=f"{exc}; nothing was changed") from None
+            raise HTTPException(status_code=404, detail=_nothing_changed(exc)) from None
         except JobBusyError as exc:
             raise HTTPException(status_code=409, detail=str(exc)) from None
         except ResolutionError as exc:
-            raise HTTPException(status_code=422, detail=f"{exc}; nothing was changed") from None
+            raise HTTPException(status_code=422, detail=_nothing_changed(exc)) from None
     return _resolution_dict(resolution)
 
 
@@ -432,6 +524,7 @@ class _Entry(BaseModel):
     step: str = ""
     decision: str
     receipt: str = ""
+    version: str | None = None  # as in _Decision
 
 
 class _Decisions(BaseModel):
@@ -445,23 +538,27 @@ def resolve_many_json(request: Request, body: _Decisions, viewer: ViewerDep) -> 
     """Settle several held steps of one job as the signed-in user, all or nothing (the job page's form).
 
     Checked like ``/api/resolve``; every entry is checked, then all are applied in one transaction,
-    each with its own audit row; one refused entry (named: ``entry 2: ...``) changes nothing."""
-    _check_settle(request, viewer, body.job_id, [e.item_id for e in body.decisions])
-    if len(body.decisions) > MAX_OPEN_ROWS:
+    each with its own audit row; one refused entry (named: ``entry 2: ...``), or one whose step
+    changed since it was shown (409), changes nothing."""
+    if len(body.decisions) > MAX_DECISIONS_PER_REQUEST:
         raise HTTPException(status_code=422, detail=(
-            f"{len(body.decisions)} decisions in one request; at most {MAX_OPEN_ROWS} (the page's rows); "
-            "nothing was changed"))
+            f"{len(body.decisions)} decisions in one request; at most {MAX_DECISIONS_PER_REQUEST} (the page's "
+            "rows); nothing was changed"))
+    _settleable_job(request, viewer, body.job_id)
     entries = [{"job_id": body.job_id, "item_id": e.item_id, "step": e.step or None, "decision": e.decision,
-                "receipt": e.receipt.strip() or None, "note": body.note} for e in body.decisions]
+                "receipt": e.receipt.strip() or None, "note": body.note, "version": e.version or None}
+               for e in body.decisions]
     with _journal(readonly=False) as journal:
         if journal is None:
             raise HTTPException(status_code=404, detail="unknown job")
         try:
             done = journal.apply_decisions(entries, resolved_by=viewer.name)
+        except StaleDecisionError as exc:
+            raise HTTPException(status_code=409, detail=_nothing_changed(exc)) from None
         except JobBusyError as exc:
             raise HTTPException(status_code=409, detail=str(exc)) from None
         except (ResolutionError, NotHeldError) as exc:
-            raise HTTPException(status_code=422, detail=f"{exc}; nothing was changed") from None
+            raise HTTPException(status_code=422, detail=_nothing_changed(exc)) from None
     return {"job_id": body.job_id, "count": len(done), "resolved_by": viewer.name,
             "resolved": [_resolution_dict(r) for r in done]}
 
@@ -474,12 +571,15 @@ def resolve_page(
     for value, what in ((job_id, "job"), (item_id, "item"), (step, "step")):
         _check_id(value, what)
     with _journal() as journal:
-        rows = journal.open_rows(job_id) if journal is not None and viewer.may_see(job_id) else []
+        job = _readable_job(journal, job_id, viewer)
+        assert journal is not None
+        rows = journal.open_rows(job_id)
     row = next((r for r in rows if r.item_id == item_id and r.step == step and r.held_reason), None)
     if row is None or row.held_reason is None:
         raise HTTPException(status_code=404, detail="no such held step (it may be resolved already)")
     return _page(
-        request, "resolve.html", job_id=job_id, row=_row_dict(row), decisions=DECISIONS_BY_REASON[row.held_reason],
-        idempotency_key=idempotency_key(job_id, item_id, step, row.generation), resolve_dag_id=RESOLVE_DAG_ID, viewer=viewer,
-        may_settle=viewer.may_settle(job_id),
+        request, "resolve.html", job_id=job_id, dag_id=job.dag_id, row=_row_dict(row),
+        decisions=DECISIONS_BY_REASON[row.held_reason],
+        idempotency_key=idempotency_key(job_id, item_id, step, row.generation), resolve_dag_id=RESOLVE_DAG_ID,
+        viewer=viewer, may_settle=viewer.may_settle(job),
     )
