@@ -10,6 +10,12 @@ Ids are data from DAG authors and upstream systems: tables show control and form
 (no terminal escape sequences reach your screen), and CSV cells that a spreadsheet would run as a
 formula are quoted with a leading apostrophe. Tables show times in Airflow's ``[core] default_timezone``
 with how long ago ("3 hours ago"); ``--json`` and ``export`` keep ISO 8601 in UTC.
+
+Decisions are made about what was seen: ``held`` and ``show`` print each row's version (tables its first
+8 characters, ``--json`` all of it), and ``resolve``/``resolve-input --expected-version V`` and the
+``version`` of a ``resolve --file`` entry are refused (exit 1, nothing changed) if the row changed since.
+``held --json`` round-trips: add ``decision`` (and ``receipt``) to its entries and pass it to
+``resolve --file``. Without a version, a decision applies to the row as it is now.
 """
 
 from __future__ import annotations
@@ -32,7 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from airflow_resumable._time import DURATION_HELP, DurationError, parse_duration, when
+from airflow_resumable.decision_input import (
+    check_text,
+    check_version,
+    full_version,
+    is_short_version,
+    read_decisions,
+    short_version,
+)
 from airflow_resumable.journal import (
+    DECISIONS_BY_REASON,
     HeldReason,
     JournalError,
     NotHeldError,
@@ -44,6 +59,13 @@ from airflow_resumable.runner import idempotency_key as _key
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
 READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
+# Text arguments that reach the journal, as the refusals name them. An argument's bytes that are not
+# UTF-8 arrive as lone surrogates (Python's surrogateescape), which no journal can store or look up.
+TEXT_ARGUMENTS = {"job_id": "job_id", "item_id": "item_id", "step": "step", "item": "--item", "receipt": "--receipt",
+                  "note": "--note", "resolved_by": "--resolved-by", "expected_version": "--expected-version"}
+EXPECTED_VERSION_HELP = ("the row's version as held/show printed it (whole, or its first 8 characters): refused, "
+                         "with nothing changed, if the row changed since; without it the decision applies to the "
+                         "row as it is now")
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -132,8 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
     decision.add_argument("--delivered", action="store_true", help="the receiver has it (give --receipt)")
     decision.add_argument("--not-delivered", action="store_true", help="the receiver confirmed it never arrived")
     decision.add_argument("--file", help="many decisions at once, all or nothing: a JSON list of {job_id, item_id, "
-                                         "step, decision, receipt, note} or a CSV with those columns ('-': stdin)")
+                                         "step, decision, receipt, note, version} or a CSV with those columns "
+                                         "('-': stdin); the output of held --json with a decision added to each "
+                                         "entry is one")
     resolve.add_argument("--receipt")
+    resolve.add_argument("--expected-version", help=EXPECTED_VERSION_HELP)
     resolve.add_argument("--note", default="")
     resolve.add_argument("--resolved-by", default=None, help="default: your OS user")
     resolve_input = add("resolve-input", help="settle an input_changed hold")
@@ -144,6 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     choice.add_argument("--keep-previous", action="store_true", help="the new input counts as handled")
     resolve_input.add_argument("--note", default="")
     resolve_input.add_argument("--resolved-by", default=None)
+    resolve_input.add_argument("--expected-version", help=EXPECTED_VERSION_HELP)
     audit = add("audit", help="the resolution audit log of a job")
     audit.add_argument("job_id")
     prune = add("prune", help="forget finished jobs older than a cut-off")
@@ -174,35 +200,38 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         build_parser().error("argument --conn-id: not allowed with argument --journal")
     if args.command == "resolve":
         if args.file:
-            if args.job_id or args.receipt or args.note:
+            if args.job_id or args.receipt or args.note or args.expected_version:
                 build_parser().error("resolve --file takes the decisions from the file only (no job, item, step, "
-                                     "--receipt or --note)")
-            args.entries = _read_entries(args.file)
+                                     "--receipt, --note or --expected-version; give each entry a version)")
+            args.file_data = _read_file(args.file)
         elif not (args.job_id and args.item_id and args.step) or not (args.delivered or args.not_delivered):
             build_parser().error("resolve needs JOB ITEM STEP and --delivered or --not-delivered (or --file)")
     return args
 
 
-def _read_entries(name: str) -> list[Any]:
-    """The decisions of ``resolve --file``: a JSON list, or a CSV whose header names the fields."""
+def _read_file(name: str) -> bytes:
+    """The bytes of ``resolve --file`` (``-``: stdin); a file that cannot be opened is a bad argument.
+    What is in it is read (and refused, exit 1) by :func:`read_decisions`."""
     try:
-        text = sys.stdin.read() if name == "-" else Path(name).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        build_parser().error(f"--file {name}: cannot read it ({type(exc).__name__})")
-    if text.lstrip().startswith(("[", "{")):
-        try:
-            entries = json.loads(text)
-        except json.JSONDecodeError as exc:
-            build_parser().error(f"--file {name}: not valid JSON (line {exc.lineno}): expected a list of decisions")
-        if not isinstance(entries, list):
-            build_parser().error(f"--file {name}: expected a JSON list of decisions")
-        return entries
-    rows = list(csv.DictReader(io.StringIO(text)))
-    for n, row in enumerate(rows, 2):
-        if None in row:
-            build_parser().error(f"--file {name}: line {n} has more cells than the header names")
-    # An empty cell is an absent field.
-    return [{k: v for k, v in row.items() if v not in (None, "")} for row in rows]
+        if name == "-":
+            stdin = getattr(sys.stdin, "buffer", None)
+            return stdin.read() if stdin is not None else sys.stdin.read().encode("utf-8", "surrogateescape")
+        return Path(name).read_bytes()
+    except OSError as exc:
+        build_parser().error(f"--file {_printable(name)}: cannot read it ({type(exc).__name__})")
+    raise AssertionError("unreachable")  # error() exits
+
+
+def _read_arguments(args: argparse.Namespace) -> None:
+    """Refuse (exit 1, before the journal is opened) text no journal can take, and read --file's decisions."""
+    for name, what in TEXT_ARGUMENTS.items():
+        value = getattr(args, name, None)
+        if isinstance(value, str):
+            check_text(value, what)
+    if getattr(args, "expected_version", None):
+        args.expected_version = check_version(args.expected_version, "--expected-version")
+    if getattr(args, "file", None):
+        args.entries = read_decisions(args.file_data, f"--file {_printable(args.file)}")
 
 
 def _open(args: argparse.Namespace) -> StepJournal:
@@ -224,16 +253,53 @@ def _open(args: argparse.Namespace) -> StepJournal:
 
 
 def run(args: argparse.Namespace, out: io.TextIOBase | Any) -> int:
+    _read_arguments(args)
     with _open(args) as journal:
         return _dispatch(args, journal, out)
+
+
+def _current_version(journal: StepJournal, job_id: str, item_id: str, step: str | None) -> str | None:
+    """The version of the row a decision is about: the step's (a send's outcome), or the item's
+    input-change hold (``step`` None); None if there is no such row."""
+    for row in journal.rows(job_id, item_id):
+        if (row.step == step) if step is not None else (row.held_reason == HeldReason.INPUT_CHANGED):
+            return row.version
+    return None
+
+
+def _expected(journal: StepJournal, given: str | None, job_id: str, item_id: str, step: str | None) -> str | None:
+    """The version a decision carries: the short form a table shows stands for the row's current version
+    when it starts it; anything else goes to the journal as given (a changed row is refused there)."""
+    if given is None or not is_short_version(given):
+        return given
+    return full_version(given, _current_version(journal, job_id, item_id, step))
+
+
+def _with_full_versions(journal: StepJournal, entries: list[Any]) -> list[Any]:
+    """``resolve --file`` entries, each short-form version completed as :func:`_expected` does. An entry
+    that names no row clearly is left as it is, for the journal to refuse."""
+    completed = []
+    for entry in entries:
+        version = entry.get("version") if isinstance(entry, dict) else None
+        if isinstance(version, str) and is_short_version(version):
+            job_id, item_id, step, decision = (entry.get(f) for f in ("job_id", "item_id", "step", "decision"))
+            named = isinstance(job_id, str) and isinstance(item_id, str)
+            if named and decision in DECISIONS_BY_REASON[HeldReason.UNKNOWN_OUTCOME] and isinstance(step, str):
+                entry = {**entry, "version": _expected(journal, version, job_id, item_id, step)}
+            elif named and decision in DECISIONS_BY_REASON[HeldReason.INPUT_CHANGED]:  # about the item's hold
+                entry = {**entry, "version": _expected(journal, version, job_id, item_id, None)}
+        completed.append(entry)
+    return completed
 
 
 def _emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
     if as_json:
         out.write(json.dumps(_plain(data), indent=2) + "\n")
-    else:  # times in Airflow's [core] default_timezone, with "3 hours ago"
+    else:  # times in Airflow's [core] default_timezone, with "3 hours ago"; versions short
         plain = _plain(data, time=when)
-        out.write(_table(plain if isinstance(plain, list) else [plain], columns) + "\n")
+        rows = [{**r, "version": short_version(r["version"])} if r.get("version") else r
+                for r in (plain if isinstance(plain, list) else [plain])]
+        out.write(_table(rows, columns) + "\n")
 
 
 def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
@@ -250,22 +316,25 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
                 for r in journal.rows(args.job_id, args.item)
                 if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
         _emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
-                                     "idempotency_key", "updated_at"])
+                                     "version", "idempotency_key", "updated_at"])
     elif args.command == "held":
         # The key to ask the receiver about; an input_changed hold is not about a send (no key).
         held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step, h.generation)
                  if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in journal.held(args.job_id)]
-        _emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "idempotency_key"])
+        _emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "version", "idempotency_key"])
     elif args.command == "resolve" and args.file:
-        resolutions = journal.apply_decisions(args.entries, resolved_by=who)
+        resolutions = journal.apply_decisions(_with_full_versions(journal, args.entries), resolved_by=who)
         _emit(out, args.json, resolutions, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
     elif args.command == "resolve":
-        resolution = journal.resolve(args.job_id, args.item_id, args.step, delivered=args.delivered,
-                                     receipt=args.receipt, resolved_by=who, note=args.note)
+        resolution = journal.resolve(
+            args.job_id, args.item_id, args.step, delivered=args.delivered, receipt=args.receipt, resolved_by=who,
+            note=args.note, expected_version=_expected(journal, args.expected_version, args.job_id, args.item_id,
+                                                       args.step))
         _emit(out, args.json, resolution, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
     elif args.command == "resolve-input":
-        resolution = journal.resolve_input_change(args.job_id, args.item_id, use_new_input=args.use_new,
-                                                  resolved_by=who, note=args.note)
+        resolution = journal.resolve_input_change(
+            args.job_id, args.item_id, use_new_input=args.use_new, resolved_by=who, note=args.note,
+            expected_version=_expected(journal, args.expected_version, args.job_id, args.item_id, None))
         _emit(out, args.json, resolution, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
     elif args.command == "audit":
         _emit(out, args.json, journal.resolutions(args.job_id),
@@ -294,11 +363,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return run(args, sys.stdout)
-    except (ResolutionError, NotHeldError) as exc:  # refused resolutions: the journal is unchanged
-        sys.stderr.write(f"airflow-resumable: refused: {exc}\n")
+    except (ResolutionError, NotHeldError) as exc:
+        # Refused decisions (bad input, a row changed since it was looked at): the journal is unchanged.
+        # Messages quote ids, which may hold terminal escapes: printed escaped, on one line.
+        sys.stderr.write(f"airflow-resumable: refused: {_printable(str(exc))}\n")
         return EXIT_REFUSED
     except (JournalError, JournalConfigError) as exc:
-        sys.stderr.write(f"airflow-resumable: {exc}\n")
+        sys.stderr.write(f"airflow-resumable: {_printable(str(exc))}\n")
         return EXIT_REFUSED
     except Exception:  # noqa: BLE001 - a bug is not a refusal: say so, with the traceback
         traceback.print_exc()

@@ -14,11 +14,12 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
+from tests.backends import snapshot as snapshot_of
 
 CLI = str(Path(sys.executable).with_name("airflow-resumable"))
 
 
-def cli(journal: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
+def cli(journal: Path | str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([CLI, "--journal", str(journal), *args], capture_output=True, text=True, timeout=60,
                           env=env)
 
@@ -31,22 +32,41 @@ def snapshot(path: Path) -> list:
         conn.close()
 
 
+def _notify(item, ctx):
+    if item["id"] == "b":
+        raise TimeoutError()  # b's reply is always lost
+    return "rcpt-" + item["id"]
+
+
+STEPS = [Step("validate", lambda item, ctx: True), Step("notify", _notify, side_effect=True)]
+
+
+def items_of_j(c_version: int) -> list:
+    """Job 'j': a, c (its input at ``c_version``) and b, whose send's reply is always lost."""
+    return [{"id": "a"}, {"id": "c", "v": c_version}, {"id": "b"}]
+
+
+def two_holds(location) -> None:
+    """Job 'j': a done, b held (unknown outcome), c held (input changed)."""
+    with StepJournal(location) as journal:
+        with pytest.raises(TimeoutError):
+            run_batch(journal, "j", items_of_j(1), STEPS)
+        run_batch(journal, "j", items_of_j(2), STEPS)
+
+
 @pytest.fixture
 def journal_path(tmp_path) -> Path:
-    """Job 'j': a done, b held (unknown outcome), c held (input changed)."""
+    """Job 'j' (:func:`two_holds`) in a SQLite file."""
     path = tmp_path / "journal.sqlite3"
-
-    def notify(item, ctx):
-        if item["id"] == "b":
-            raise TimeoutError()
-        return "rcpt-" + item["id"]
-
-    steps = [Step("validate", lambda item, ctx: True), Step("notify", notify, side_effect=True)]
-    with StepJournal(path) as journal:
-        with pytest.raises(TimeoutError):
-            run_batch(journal, "j", [{"id": "a"}, {"id": "c", "v": 1}, {"id": "b"}], steps)
-        run_batch(journal, "j", [{"id": "a"}, {"id": "c", "v": 2}, {"id": "b"}], steps)
+    two_holds(path)
     return path
+
+
+@pytest.fixture
+def journal_at(journal_location) -> str:
+    """Job 'j' (:func:`two_holds`) in a SQLite file, then in a PostgreSQL database."""
+    two_holds(journal_location)
+    return journal_location
 
 
 def test_jobs_held_show_audit_as_tables_and_json(journal_path):
@@ -214,3 +234,194 @@ def test_held_and_show_give_the_idempotency_key_and_jobs_a_status(journal_path, 
     with StepJournal(done) as journal:
         run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)])
     assert json.loads(cli(done, "jobs", "--json").stdout)[0]["status"] == "completed"
+
+
+# -- decisions are made against what was seen: versions, the held --json round trip, bad decision input ---
+
+
+def held_json(location) -> dict[str, dict]:
+    """What ``held j --json`` shows, by item."""
+    shown = cli(location, "held", "j", "--json")
+    assert shown.returncode == 0, shown.stderr
+    return {h["item_id"]: h for h in json.loads(shown.stdout)}
+
+
+def a_colleague_settles_then_runs_hold_again(location, *items: str) -> None:
+    """Between a look and a decision: someone settles b (not delivered) and/or c (keep the previous
+    input), and runs hold them again: b's reply is lost once more, c's input changed once more."""
+    with StepJournal(location) as journal:
+        if "b" in items:
+            journal.resolve("j", "b", "notify", delivered=False, resolved_by="colleague")
+            with pytest.raises(TimeoutError):
+                run_batch(journal, "j", items_of_j(2), STEPS)
+        if "c" in items:
+            journal.resolve_input_change("j", "c", use_new_input=False, resolved_by="colleague")
+        run_batch(journal, "j", items_of_j(3 if "c" in items else 2), STEPS)
+        assert {h.item_id for h in journal.held("j")} == {"b", "c"}
+
+
+def test_held_and_show_print_each_rows_version_short_in_tables_whole_in_json(journal_at):
+    with StepJournal(journal_at) as journal:
+        versions = {(h.item_id, h.step): h.version for h in journal.held("j")}
+        rows = {(r.item_id, r.step): r.version for r in journal.rows("j")}
+    assert len(versions) == 2 and all(len(v) == 16 for v in versions.values())
+    assert {(i, h["step"]): h["version"] for i, h in held_json(journal_at).items()} == versions
+    shown = json.loads(cli(journal_at, "show", "j", "--json").stdout)
+    assert {(r["item_id"], r["step"]): r["version"] for r in shown} == rows
+    for command, expected, key_cells in ((["held", "j"], versions, slice(1, 3)), (["show", "j"], rows, slice(0, 2))):
+        table = cli(journal_at, *command).stdout
+        header, *lines = table.splitlines()
+        assert "VERSION" in header.split() and len(lines) == len(expected)
+        for key, version in expected.items():  # the first 8 characters, in the row's own line
+            (line,) = [line for line in lines if tuple(line.split()[key_cells]) == key]
+            assert version[:8] in line.split() and version not in table
+
+
+def test_a_stale_cli_decision_is_refused_and_changes_nothing(journal_at):
+    seen = held_json(journal_at)
+    a_colleague_settles_then_runs_hold_again(journal_at, "b", "c")
+    before = snapshot_of(journal_at)
+    for decision in (
+        ["resolve", "j", "b", "notify", "--not-delivered", "--expected-version", seen["b"]["version"]],
+        ["resolve", "j", "b", "notify", "--delivered", "--receipt", "r-1", "--expected-version",
+         seen["b"]["version"][:8]],  # the short form the table showed
+        ["resolve-input", "j", "c", "--use-new", "--expected-version", seen["c"]["version"][:8]],
+    ):
+        refused = cli(journal_at, *decision)
+        assert refused.returncode == 1, (decision, refused.stderr)
+        assert refused.stderr.count("\n") == 1 and "changed since it was looked at" in refused.stderr
+        assert snapshot_of(journal_at) == before
+    # Looked at again, the same decisions go through, with the short form the table shows now.
+    now = held_json(journal_at)
+    assert now["b"]["version"][:8] != seen["b"]["version"][:8]
+    done = cli(journal_at, "resolve", "j", "b", "notify", "--not-delivered", "--expected-version",
+               now["b"]["version"][:8])
+    assert done.returncode == 0, done.stderr
+    assert cli(journal_at, "resolve-input", "j", "c", "--keep-previous", "--expected-version",
+               now["c"]["version"]).returncode == 0
+    with StepJournal(journal_at) as journal:
+        assert journal.held("j") == []
+
+
+def _write_decisions(path: Path, entries: list[dict], form: str, bom: bool = False) -> Path:
+    if form == "json":
+        text = json.dumps(entries)
+    else:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=list(dict.fromkeys(k for e in entries for k in e)))
+        writer.writeheader()
+        writer.writerows(entries)
+        text = out.getvalue()
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+    return path
+
+
+@pytest.mark.parametrize("form", ["json", "csv"])
+def test_held_json_with_decisions_added_round_trips_through_resolve_file(journal_at, tmp_path, form):
+    shown = held_json(journal_at)
+    assert set(shown["b"]) == {"job_id", "item_id", "step", "reason", "generation", "version", "idempotency_key"}
+    decisions = {"b": {"decision": "delivered", "receipt": "rcpt-b-from-the-dashboard"},
+                 "c": {"decision": "keep_previous_input"}}
+    file = _write_decisions(tmp_path / f"decisions.{form}", [{**h, **decisions[i]} for i, h in shown.items()], form)
+    applied = cli(journal_at, "resolve", "--file", str(file), "--json")
+    assert applied.returncode == 0, applied.stderr
+    assert held_json(journal_at) == {}
+    audit = json.loads(cli(journal_at, "audit", "j", "--json").stdout)
+    assert [(a["item_id"], a["decision"], a["receipt"]) for a in audit] == [
+        ("b", "delivered", "rcpt-b-from-the-dashboard"), ("c", "keep_previous_input", None)]
+
+
+@pytest.mark.parametrize("form", ["json", "csv"])
+def test_a_decision_file_made_before_a_row_changed_is_refused_as_a_whole(journal_at, tmp_path, form):
+    shown = held_json(journal_at)
+    decisions = {"b": {"decision": "not_delivered"}, "c": {"decision": "use_new_input"}}
+    file = _write_decisions(tmp_path / f"decisions.{form}", [{**h, **decisions[i]} for i, h in shown.items()], form)
+    a_colleague_settles_then_runs_hold_again(journal_at, "c")  # b is as it was seen; c is not
+    assert held_json(journal_at)["b"] == shown["b"]
+    before = snapshot_of(journal_at)
+    refused = cli(journal_at, "resolve", "--file", str(file))
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1
+    assert "entry 2: " in refused.stderr and "changed since" in refused.stderr and "nothing was changed" in refused.stderr
+    assert snapshot_of(journal_at) == before  # not even b's decision, which was still good
+
+
+def test_a_decision_files_unknown_field_is_refused_while_helds_display_fields_are_not(journal_at, tmp_path):
+    entry = {**held_json(journal_at)["b"], "decision": "not_delivered", "colour": "red"}
+    before = snapshot_of(journal_at)
+    refused = cli(journal_at, "resolve", "--file", str(_write_decisions(tmp_path / "d.json", [entry], "json")))
+    assert refused.returncode == 1 and "unknown field(s) 'colour';" in refused.stderr  # only that one
+    assert snapshot_of(journal_at) == before
+
+
+@pytest.mark.parametrize("form", ["json", "csv"])
+def test_a_decision_file_saved_with_a_byte_order_mark_is_read_normally(journal_at, tmp_path, form):
+    version = held_json(journal_at)["b"]["version"]
+    entry = {"job_id": "j", "item_id": "b", "step": "notify", "decision": "not_delivered", "version": version}
+    file = _write_decisions(tmp_path / f"excel.{form}", [entry], form, bom=True)
+    assert file.read_bytes().startswith(b"\xef\xbb\xbf")
+    applied = cli(journal_at, "resolve", "--file", str(file))
+    assert applied.returncode == 0, applied.stderr
+    assert set(held_json(journal_at)) == {"c"}
+
+
+def test_a_csv_written_from_the_tables_short_versions_applies_from_stdin(journal_at):
+    table = cli(journal_at, "held", "j").stdout.splitlines()
+    short = {line.split()[1]: line.split()[4] for line in table[1:]}  # JOB_ID ITEM_ID STEP REASON VERSION
+    assert table[0].split()[4] == "VERSION" and all(len(v) == 8 for v in short.values())
+    typed = (f"job_id,item_id,step,decision,receipt,version\n"
+             f"j,b,notify,delivered,rcpt-b,{short['b']}\nj,c,,use_new_input,,{short['c']}\n")
+    applied = subprocess.run([CLI, "--journal", str(journal_at), "resolve", "--file", "-"], input=typed,
+                             capture_output=True, text=True, timeout=60)
+    assert applied.returncode == 0, applied.stderr
+    assert held_json(journal_at) == {}
+
+
+LONG_NOTE = "n" * (4 * 1024 + 1)
+ENTRY = '{"job_id": "j", "item_id": "b", "step": "notify", "decision": "not_delivered"'
+
+
+@pytest.mark.parametrize(("content", "args", "names"), [
+    pytest.param(b"job_id,item_id,step,decision,decision\nj,b,notify,delivered,not_delivered\n", [],
+                 ["'decision' appears twice"], id="csv-repeated-column"),
+    pytest.param(("[" * 100_000 + "]" * 100_000).encode(), [], ["nested more than 32 levels"], id="json-deep"),
+    pytest.param(f'[{ENTRY}, "decision": "delivered"}}]'.encode(), [], ["entry 1", "'decision' twice"],
+                 id="json-repeated-field"),
+    pytest.param(f'[{ENTRY}, "note": "\\ud800"}}]'.encode(), [], ["entry 1", "'note'", "lone surrogate"],
+                 id="json-lone-surrogate"),
+    pytest.param(f'[{ENTRY}, "note": "a\\u0000b"}}]'.encode(), [], ["entry 1", "'note'", "NUL"], id="json-nul"),
+    pytest.param(f'[{ENTRY}, "note": "{LONG_NOTE}"}}]'.encode(), [], ["note is 4097 bytes"], id="json-long-note"),
+    pytest.param("job_id,item_id,step,decision,note\nj,b,notify,not_delivered,café\n".encode("latin-1"), [],
+                 ["not UTF-8"], id="csv-latin-1"),
+    pytest.param("job_id,item_id,step,decision\n".encode("utf-16"), [], ["UTF-16"], id="csv-utf-16"),
+    pytest.param(None, ["resolve", "j", "b\udc80", "notify", "--not-delivered"], ["item_id", "lone surrogate"],
+                 id="argv-item"),
+    pytest.param(None, ["resolve", "j", "b\udc80", "notify", "--not-delivered", "--expected-version", "0" * 8],
+                 ["item_id", "lone surrogate"], id="argv-item-with-version"),
+    pytest.param(None, ["resolve", "j", "b", "notify", "--not-delivered", "--note", "seen\udcff"],
+                 ["note", "lone surrogate"], id="argv-note"),
+    pytest.param(None, ["resolve", "j", "b", "notify", "--not-delivered", "--note", LONG_NOTE],
+                 ["note is 4097 bytes"], id="argv-long-note"),
+    pytest.param(None, ["resolve-input", "j\udc80", "c", "--use-new"], ["job_id", "lone surrogate"],
+                 id="argv-resolve-input-job"),
+    pytest.param(None, ["resolve", "j", "b", "notify", "--not-delivered", "--expected-version", "6c63"],
+                 ["--expected-version '6c63' is too short", "at least its first 8 characters"],
+                 id="argv-version-shorter-than-the-tables"),
+    pytest.param(None, ["show", "j\udc80"], ["job_id", "lone surrogate"], id="argv-show"),
+    pytest.param(None, ["show", "j", "--item", "c\udc80"], ["--item", "lone surrogate"], id="argv-show-item"),
+    pytest.param(None, ["held", "j\udc80"], ["job_id", "lone surrogate"], id="argv-held"),
+    pytest.param(None, ["audit", "j\udc80"], ["job_id", "lone surrogate"], id="argv-audit"),
+    pytest.param(None, ["export", "j\udc80"], ["job_id", "lone surrogate"], id="argv-export"),
+])
+def test_bad_decision_input_exits_1_with_one_line_and_changes_nothing(journal_at, tmp_path, content, args, names):
+    """Files as spreadsheets and hostile hands make them, arguments whose bytes are not UTF-8 (they arrive
+    as lone surrogates): refused, never a traceback or an "internal error" (exit 3)."""
+    if content is not None:
+        (tmp_path / "decisions").write_bytes(content)
+        args = ["resolve", "--file", str(tmp_path / "decisions")]
+    before = snapshot_of(journal_at)
+    refused = cli(journal_at, *args)
+    assert refused.returncode == 1, refused.stderr
+    assert refused.stderr.count("\n") == 1 and refused.stderr.startswith("airflow-resumable: refused: ")
+    for name in names:
+        assert name in refused.stderr, refused.stderr
+    assert snapshot_of(journal_at) == before

@@ -311,10 +311,12 @@ class StepJournal:
             cls._check_text(receipt, "receipt", max_bytes=MAX_RECEIPT_BYTES)
 
     @staticmethod
-    def _stale(job_id: str, item_id: str, step: str, seen: str, version: str, now_is: str) -> StaleDecisionError:
+    def _stale(job_id: str, item_id: str, step: str, seen: str, now_is: str) -> StaleDecisionError:
+        # The row's new version is left out on purpose: it is to be read by looking again, not pasted
+        # from a refusal about something else.
         return StaleDecisionError(
-            f"{job_id} / {item_id} / {step} changed since it was looked at (version {seen}, now {version}): "
-            f"it is now {now_is}. Nothing was changed; look at it again and decide on what it is now"
+            f"{job_id} / {item_id} / {step} changed since it was looked at (version {seen}): it is now "
+            f"{now_is}. Nothing was changed; look at it again and decide on what it is now"
         )
 
     def _settle_outcome(
@@ -330,7 +332,7 @@ class StepJournal:
             now_is = (f"{status}" + (f", held ({held_reason})" if held_reason else ", not held")
                       + (", provably not sent (the next run sends it)" if not_sent else "")
                       + f", after {attempts} attempt(s), key generation {generation}")
-            raise self._stale(job_id, item_id, step, expected_version, version, now_is)
+            raise self._stale(job_id, item_id, step, expected_version, now_is)
         if not side_effect or status == Status.SUCCEEDED or not_sent:
             raise NotHeldError(
                 f"{job_id} / {item_id} / {step} is {status}"
@@ -381,13 +383,13 @@ class StepJournal:
             missing = self._no_such_row(tx, job_id, item_id, None)
             if expected_version is not None and tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id)) is not None:
                 # It was held when it was looked at: a run or another person settled it since.
-                raise self._stale(job_id, item_id, "(its input change)", expected_version, "-",
+                raise self._stale(job_id, item_id, "(its input change)", expected_version,
                                   "no longer held for an input change") from None
             raise missing
         step, status, new_digest, counter, created_at = found
         version = version_text(counter, created_at)
         if expected_version is not None and expected_version != version:
-            raise self._stale(job_id, item_id, step, expected_version, version,
+            raise self._stale(job_id, item_id, step, expected_version,
                               f"{status}, held for another input change than the one looked at")
         now = time.time()
         if use_new_input:
