@@ -7,4 +7,4 @@ from Airflow; the operators and sensors adapt Airflow's context to it.
 from airflow_resumable.errors import ResumableError
 
 __all__ = ["ResumableError", "__version__"]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
