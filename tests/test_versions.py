@@ -182,3 +182,29 @@ def test_a_newer_journal_version_is_migrated_forward_from_version_5_on_sqlite(tm
         (hold,) = journal.held(JOB)
         assert hold.version and journal.job(JOB).dag_id is None
         journal.resolve(JOB, "a", "send", delivered=False, resolved_by="alice", expected_version=hold.version)
+
+
+def test_a_resend_whose_mark_could_not_be_committed_leaves_no_audit_row(journal_location, monkeypatch):
+    """The runner's own settlement ("sent again once") is announced by its audit row only together with
+    the send's IN_FLIGHT mark: when that commit fails, the send never starts and no audit row is left
+    for the run's closing flush to write."""
+    with StepJournal(journal_location) as journal:
+        with pytest.raises(ConnectionError):
+            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
+        sends: list[str] = []
+        steps = [Step("send", lambda item, ctx: sends.append(ctx.item_id) or "r", side_effect=True,
+                      verify=lambda ctx: NOT_DELIVERED)]
+        apply = journal._apply
+
+        def mark_commit_fails(statements, *, durable):
+            if durable:
+                raise OSError("the journal's disk went away")
+            return apply(statements, durable=durable)
+
+        monkeypatch.setattr(journal, "_apply", mark_commit_fails)
+        with pytest.raises(OSError):
+            run_batch(journal, JOB, [{"id": "a"}], steps)
+        monkeypatch.setattr(journal, "_apply", apply)
+        assert sends == [] and journal.resolutions(JOB) == []
+        run_batch(journal, JOB, [{"id": "a"}], steps)
+        assert sends == ["a"] and [r.resolved_by for r in journal.resolutions(JOB)] == ["verify"]

@@ -220,8 +220,8 @@ class JobRun:
         self, item_id: str, step: str, decision: str, *, resolved_by: str, note: str,
         previous_status: str | None, previous_held_reason: str | None,
     ) -> None:
-        """Buffer an audit row for a settlement the runner made itself (verify answered NOT_DELIVERED);
-        it is committed with the next flush - the durable one of the send's IN_FLIGHT mark."""
+        """Buffer an audit row for a settlement the runner made itself (verify answered NOT_DELIVERED),
+        just before the send's IN_FLIGHT mark: both commit in that mark's durable flush, or neither."""
         self._pending.append((sql.AUDIT, (self.job_id, item_id, step, decision, None, note, resolved_by,
                                           time.time(), previous_status, previous_held_reason)))
 
@@ -266,8 +266,10 @@ class JobRun:
                 records = records[1:]
             # Nothing was written. Keep the records (a delivered send's SUCCEEDED among them) for
             # the next flush - close() flushes once more - but not the IN_FLIGHT marks: a mark is
-            # buffered just before its send, and that send will not start now.
-            kept = [r for r in records if not (r[0] is sql.UPSERT and r[1][4] == Status.IN_FLIGHT.value)]
+            # buffered just before its send, and that send will not start now. Nor the audit rows of
+            # the runner's own settlements: each announces a send buffered with it, which will not start.
+            kept = [r for r in records
+                    if not (r[0] is sql.UPSERT and r[1][4] == Status.IN_FLIGHT.value) and r[0] is not sql.AUDIT]
             self._pending = kept + self._pending
             self._flush_failed = True
             raise
