@@ -358,6 +358,138 @@ def test_resolve_dag_settles_fifteen_held_items_in_one_run_all_or_nothing(airflo
     assert airflow.xcom("resolve_held_item", "resolve")["count"] == 15
 
 
+# ------------------------------------------------------------------ decisions made on what was seen
+
+
+def held_again(location) -> str:
+    """Job 'j' at ``location`` (a file or a PostgreSQL URL): items a and c held (their sends arrived, no
+    reply ever came), b delivered. Then a changed while an on-call looked at it: another person settled it
+    "not delivered", a run sent it again and held it again. Returns a's version as the on-call saw it."""
+    def notify(item, ctx):
+        if item["id"] in ("a", "c"):
+            raise TimeoutError()
+        return "rcpt-" + item["id"]
+
+    steps, items = [Step("notify", notify, side_effect=True)], [{"id": i} for i in ("a", "b", "c")]
+    with StepJournal(location) as journal:
+        for _ in range(2):  # a's reply is lost, then c's
+            with pytest.raises(TimeoutError):
+                run_batch(journal, "j", items, steps)
+        assert [h.item_id for h in run_batch(journal, "j", items, steps).held] == ["a", "c"]
+        seen = {h.item_id: h.version for h in journal.held("j")}
+        journal.resolve("j", "a", "notify", delivered=False, resolved_by="carol", note="not in its list yet")
+        with pytest.raises(TimeoutError):
+            run_batch(journal, "j", items, steps)
+        assert [h.item_id for h in run_batch(journal, "j", items, steps).held] == ["a", "c"]
+    return seen["a"]
+
+
+def current_versions(location) -> dict[str, str]:
+    with StepJournal(location) as journal:
+        return {h.item_id: h.version for h in journal.held("j")}
+
+
+def test_a_stale_resolution_through_the_resolve_dag_is_refused_and_changes_nothing(airflow):
+    airflow.journal.parent.mkdir(parents=True, exist_ok=True)
+    seen_a = held_again(airflow.journal)
+    now = current_versions(airflow.journal)
+    before = journal_snapshot(airflow.journal)
+    resolutions = [
+        {"job_id": "j", "item_id": "c", "step": "notify", "decision": "not_delivered", "version": now["c"]},
+        {"job_id": "j", "item_id": "a", "step": "notify", "decision": "not_delivered", "version": seen_a},
+    ]
+    assert airflow.dags_test("resolve_held_item", {"resolutions": resolutions}).returncode != 0
+    log = output(airflow)
+    assert "ResolutionRefused: entry 2: j / a / notify changed since it was looked at" in log
+    assert journal_snapshot(airflow.journal) == before  # entry 1, about c as it is, is not applied either
+
+
+class DagRun:
+    """What the resolve task reads of its DAG run: the conf, and who triggered it."""
+
+    def __init__(self, conf: dict) -> None:
+        self.conf, self.triggering_user_name = conf, "alice"
+
+
+def resolve_task(location, monkeypatch, **conf):
+    """Run the resolve DAG's task in this process, with the DAG's params and ``conf``, on the journal at
+    ``location`` (opened by the task itself, as on a worker)."""
+    from airflow_resumable.operators.resolve import ResolveOperator, resolve_held_item_dag
+    from tests.test_sensor_journal import journal_arguments
+
+    task = ResolveOperator(task_id="resolve", **journal_arguments(location, monkeypatch))
+    return task.execute({"params": resolve_held_item_dag().params.dump(), "dag_run": DagRun(conf)})
+
+
+def journal_state(location, job_id: str) -> tuple:
+    with StepJournal(location) as journal:
+        return journal.rows(job_id), journal.resolutions(job_id)
+
+
+def test_the_resolve_task_decides_on_the_version_it_is_given(journal_location, monkeypatch):
+    from airflow_resumable.operators.resolve import ResolutionRefused
+
+    seen_a = held_again(journal_location)
+    now = current_versions(journal_location)
+    before = journal_state(journal_location, "j")
+    decision = {"job_id": "j", "item_id": "a", "step": "notify", "decision": "delivered", "receipt": "rcpt-a"}
+    with pytest.raises(ResolutionRefused, match="^j / a / notify changed since it was looked at .*is now FAILED, held"):
+        resolve_task(journal_location, monkeypatch, **decision, version=seen_a)
+    assert journal_state(journal_location, "j") == before
+
+    assert resolve_task(journal_location, monkeypatch, **decision, version=now["a"])["decision"] == "delivered"
+    # Without a version the decision is about the step as it is now (a hand-written conf).
+    resolve_task(journal_location, monkeypatch, job_id="j", item_id="c", step="notify", decision="not_delivered")
+    with StepJournal(journal_location) as journal:
+        assert journal.held("j") == []
+        assert [(r.item_id, r.decision, r.resolved_by) for r in journal.resolutions("j")] == [
+            ("a", "not_delivered", "carol"), ("a", "delivered", "alice"), ("c", "not_delivered", "alice")]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("note", "checked\x00", "note contains a NUL character"),
+        ("receipt", "rcpt-\udc80", "receipt contains a lone surrogate"),
+        ("note", "\u20ac" * 1400, "note is 4200 bytes; at most 4096"),
+        ("receipt", "r" * (64 * 1024 + 1), "receipt is 65537 bytes; at most 65536"),
+        ("item_id", "a" * 1025, "item_id is 1025 characters; at most 1024"),
+        ("step", "s" * 1025, "step is 1025 characters; at most 1024"),
+        ("job_id", "j" * (64 * 1024 + 1), "job_id is 65537 characters; at most 65536"),
+        ("version", "\ud800", "version contains a lone surrogate"),
+    ],
+    ids=["nul", "lone-surrogate", "note-too-long", "receipt-too-long", "item-id-too-long", "step-too-long",
+         "job-id-too-long", "bad-version"],
+)
+def test_bad_text_in_a_resolution_fails_the_resolve_task_naming_the_entry_and_changes_nothing(
+    journal_location, monkeypatch, field, value, message,
+):
+    from airflow_resumable.operators.resolve import ResolutionRefused
+    from tests.scenario import held_job
+
+    held_job(journal_location, "j", "a")
+    held_job(journal_location, "j2", "b")
+    before = journal_state(journal_location, "j"), journal_state(journal_location, "j2")
+    good = {"job_id": "j2", "item_id": "b", "step": "send", "decision": "not_delivered"}
+    bad = {"job_id": "j", "item_id": "a", "step": "send", "decision": "delivered", "receipt": "rcpt-a", field: value}
+    with pytest.raises(ResolutionRefused, match=f"^entry 2: {message}"):
+        resolve_task(journal_location, monkeypatch, resolutions=[good, bad])
+    assert (journal_state(journal_location, "j"), journal_state(journal_location, "j2")) == before
+
+
+def test_the_resolve_dag_form_asks_for_the_version_and_takes_what_the_journal_takes():
+    from airflow_resumable.operators.resolve import resolve_held_item_dag
+
+    params = resolve_held_item_dag().params
+    version = params.get_param("version").serialize()
+    assert version["value"] == "" and version["schema"]["type"] == "string"  # optional: empty decides on "now"
+    assert "if the step changed since, the decision is refused" in version["description"]
+    # The form refuses no text the journal takes: a receiver's receipt may be long (the journal: 64 KiB).
+    params["receipt"] = "r" * 60_000
+    params["step"] = "s" * 1000
+    params.validate()
+
+
 @pytest.mark.parametrize("concurrency", [1, 16])
 def test_sigterm_starts_no_new_send_and_a_clear_resumes_the_unfinished_job(airflow, concurrency):
     """What "mark failed", "mark success" and Clear do to a running task: SIGTERM, then on_kill. The batch
@@ -395,3 +527,31 @@ def test_sigterm_starts_no_new_send_and_a_clear_resumes_the_unfinished_job(airfl
     assert len(counts) == 300 and set(counts.values()) == {1}
     with StepJournal(airflow.journal) as journal:
         assert journal.job(job_id).status == "completed"
+
+
+def test_a_team_resolve_dag_settles_jobs_by_their_recorded_dag_not_their_id(journal_location, monkeypatch):
+    """job_dag_ids=["reports"] may not settle "reports/2026-12-05" when DAG payments ran it (a custom
+    job_id), nor a job with no recorded DAG; job_dag_ids=["payments"] may."""
+    from airflow_resumable.operators.resolve import ResolutionRefused, ResolveOperator, resolve_held_item_dag
+    from tests.test_sensor_journal import journal_arguments
+
+    def lost(item, ctx):
+        raise ConnectionError("reply lost")
+
+    with StepJournal(journal_location) as journal:
+        for job_id, dag_id in (("reports/2026-12-05", "payments"), ("reports/outside", None)):
+            with pytest.raises(ConnectionError):
+                run_batch(journal, job_id, [{"id": "a"}], [Step("send", lost, side_effect=True)], dag_id=dag_id)
+
+    def settle(job_id, team):
+        task = ResolveOperator(task_id="resolve", job_dag_ids=[team], **journal_arguments(journal_location, monkeypatch))
+        conf = {"job_id": job_id, "item_id": "a", "step": "send", "decision": "not_delivered"}
+        return task.execute({"params": resolve_held_item_dag().params.dump(), "dag_run": DagRun(conf)})
+
+    before = journal_state(journal_location, "reports/2026-12-05")
+    with pytest.raises(ResolutionRefused, match="belongs to DAG 'payments'"):
+        settle("reports/2026-12-05", "reports")
+    with pytest.raises(ResolutionRefused, match="has no recorded DAG"):
+        settle("reports/outside", "reports")
+    assert journal_state(journal_location, "reports/2026-12-05") == before
+    assert settle("reports/2026-12-05", "payments")["decision"] == "not_delivered"

@@ -4,6 +4,10 @@ whole round trip through Airflow's Required actions is tests/test_browser.py's."
 
 from __future__ import annotations
 
+import json
+from collections import Counter
+from datetime import datetime, timezone
+
 import pytest
 
 from airflow_resumable.journal import HeldReason, HeldStep, StepJournal
@@ -18,6 +22,7 @@ from airflow_resumable.operators.review import (
     review_params,
 )
 from airflow_resumable.runner import Step, idempotency_key, run_batch
+from tests.test_sensor_journal import journal_arguments
 
 JOB = "billing/send/manual__1"
 UO, IC = HeldReason.UNKNOWN_OUTCOME, HeldReason.INPUT_CHANGED
@@ -80,8 +85,8 @@ def test_a_response_becomes_journal_decisions_all_or_nothing(tmp_path):
             fail.discard(next(r.item_id for r in journal.rows(JOB) if r.error_type and r.item_id in fail))
         held = run_batch(journal, JOB, items, [Step("notify", notify, side_effect=True)]).held
         assert [h.item_id for h in held] == ["a", "b", "c"]
-        presented = [[h.item_id, h.step, h.reason.value, h.generation] for h in held]
-        now = {(h.item_id, h.step): (h.reason.value, h.generation) for h in journal.held(JOB)}
+        presented = [{"item_id": h.item_id, "step": h.step, "reason": h.reason.value, "version": h.version}
+                     for h in journal.held(JOB)]
 
         for bad, message in [
             ({"item_1": "deliverd"}, "item_1 \\(a / notify, unknown_outcome\\): decision 'deliverd' is not one of"),
@@ -89,18 +94,15 @@ def test_a_response_becomes_journal_decisions_all_or_nothing(tmp_path):
             ({"note": 5}, "note must be text"),
         ]:
             with pytest.raises(ResolutionRefused, match=message):
-                decisions_from(presented, bad, JOB, now)
-        # A hold that is no longer what was shown (here: another key generation) refuses the response.
-        moved = {**now, ("b", "notify"): ("unknown_outcome", 1)}
-        with pytest.raises(ResolutionRefused, match="item_2 \\(b / notify\\) changed since the review was asked"):
-            decisions_from(presented, {"item_2": "not_delivered"}, JOB, moved)
+                decisions_from(presented, bad, JOB)
         entries = decisions_from(presented, {"item_1": "delivered", "receipt_1": "R-1", "item_2": "not_delivered",
-                                             "receipt_2": "ignored", "item_3": LEAVE_HELD, "note": "checked"}, JOB,
-                                 now)
+                                             "receipt_2": "ignored", "item_3": LEAVE_HELD, "note": "checked"}, JOB)
+        # Each decision carries the version of the step as it was shown: the journal refuses it if it moved.
         assert entries == [
-            {"job_id": JOB, "item_id": "a", "step": "notify", "decision": "delivered", "receipt": "R-1", "note": "checked"},
+            {"job_id": JOB, "item_id": "a", "step": "notify", "decision": "delivered", "receipt": "R-1", "note": "checked",
+             "version": presented[0]["version"]},
             {"job_id": JOB, "item_id": "b", "step": "notify", "decision": "not_delivered", "receipt": None,
-             "note": "checked"},
+             "note": "checked", "version": presented[1]["version"]},
         ]
         # A delivered without its receipt refuses the whole response: nothing changes.
         missing = decisions_from(presented, {"item_1": "not_delivered", "item_2": "delivered"}, JOB)
@@ -111,3 +113,88 @@ def test_a_response_becomes_journal_decisions_all_or_nothing(tmp_path):
         assert [(r.item_id, r.decision, r.resolved_by) for r in done] == [("a", "delivered", "admin"),
                                                                           ("b", "not_delivered", "admin")]
         assert [h.item_id for h in journal.held(JOB)] == ["c"]
+
+
+# ------------------------------------------------------------------ the response path, on both engines
+
+
+class TaskInstance:
+    """What the review task reads and writes of its task instance: its XCom, stored as JSON as Airflow does."""
+
+    map_index = -1
+
+    def __init__(self) -> None:
+        self.xcom: dict[str, object] = {}
+
+    def xcom_push(self, key: str, value: object) -> None:
+        self.xcom[key] = json.loads(json.dumps(value))
+
+    def xcom_pull(self, task_ids: str, key: str, map_indexes: int | None = None) -> object:
+        return self.xcom.get(key)
+
+
+def response(user: str, **params_input: str) -> dict:
+    """What Airflow hands the task when a person chose "Apply decisions" in Required actions."""
+    return {"chosen_options": [APPLY], "params_input": params_input, "responded_at": datetime.now(timezone.utc),
+            "responded_by_user": {"id": user, "name": user}}
+
+
+@pytest.fixture
+def waiting_for_a_human(monkeypatch):
+    """HITLOperator.execute writes the Required action through Airflow's API and waits; here the review
+    task hands over to "Airflow" at that point, and the test plays the human's response."""
+    from airflow.providers.standard.operators.hitl import HITLOperator
+
+    monkeypatch.setattr(HITLOperator, "execute", lambda self, context: "waiting for a human")
+
+
+def test_the_review_task_refuses_a_response_to_a_hold_that_changed_since_it_was_shown(
+    journal_location, monkeypatch, waiting_for_a_human,
+):
+    review_journal = journal_arguments(journal_location, monkeypatch)
+    deliveries: Counter[str] = Counter()  # the receiver's own count of what it got, per idempotency key
+
+    def send(item, ctx):
+        deliveries[ctx.idempotency_key] += 1
+        if ctx.item_id == "a":
+            raise TimeoutError()  # it arrived; its reply never does: the outcome is unknown
+        return f"rcpt-{ctx.item_id}"
+
+    items, steps = [{"id": "a"}, {"id": "b"}], [Step("notify", send, side_effect=True)]
+    key_a = idempotency_key(JOB, "a", "notify")
+    with StepJournal(journal_location) as journal:
+        with pytest.raises(TimeoutError):
+            run_batch(journal, JOB, items, steps)
+        assert [h.item_id for h in run_batch(journal, JOB, items, steps).held] == ["a"]
+
+        # The review task shows item a to the on-call.
+        review = ReviewHeldItemsOperator(task_id="review", job_id=JOB, **review_journal)
+        ti = TaskInstance()
+        assert review.execute({"ti": ti}) == "waiting for a human"
+
+        # Meanwhile another person settles it "not delivered" (the receiver had not listed it yet), a run
+        # sends it again, and that send's reply is lost too: it is held again - same reason, same key.
+        journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="carol", note="not in the receiver's list")
+        with pytest.raises(TimeoutError):
+            run_batch(journal, JOB, items, steps)
+        assert [h.item_id for h in run_batch(journal, JOB, items, steps).held] == ["a"]
+        assert deliveries[key_a] == 2
+        before = (journal.rows(JOB), journal.resolutions(JOB))
+
+        # The on-call's answer to what they were shown arrives now: applied, the next run would send item a
+        # a third time.
+        with pytest.raises(ResolutionRefused, match=f"{JOB} / a / notify changed since it was looked at") as refused:
+            review.execute_complete({"ti": ti}, response("alice", item_1="not_delivered", note="not there"))
+        message = str(refused.value)
+        assert "refused as a whole" in message and "asks again about the holds as they are now" in message
+        assert (journal.rows(JOB), journal.resolutions(JOB)) == before
+        assert run_batch(journal, JOB, items, steps).held  # still held: nothing is sent
+
+        # The next try shows the hold as it is now; the answer to that is applied.
+        retry = ReviewHeldItemsOperator(task_id="review", job_id=JOB, **review_journal)
+        retry.execute({"ti": ti})
+        done = retry.execute_complete({"ti": ti}, response("alice", item_1="delivered", receipt_1="rcpt-a"))
+        assert (done["applied"], done["held"], done["responded_by"]) == (1, 0, "alice")
+        assert run_batch(journal, JOB, items, steps).status == "completed"
+        assert [a.resolved_by for a in journal.resolutions(JOB)] == ["carol", "alice"]
+    assert deliveries == {key_a: 2, idempotency_key(JOB, "b", "notify"): 1}  # the original and one re-send

@@ -1,14 +1,21 @@
 """The sensor's journal is its own configuration's, never a path or a connection from XCom (XCom can be
-written through the REST API): a crafted summary can neither choose a file nor point at another journal."""
+written through the REST API): a crafted summary can neither choose a file nor point at another journal.
+Its verify asks the receiver and settles under the job's claim: while a run holds the job it is "not
+settled yet", and no run can send a step between the sensor's question and its settlement."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 
 from airflow_resumable.journal import StepJournal
-from airflow_resumable.runner import Step, run_batch
+from airflow_resumable.runner import NOT_DELIVERED, Step, idempotency_key, run_batch
 from airflow_resumable.sensors.held_items import HeldItemSensor
-from tests.scenario import held_job
+from tests.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
+from tests.crash_child import items as crash_child_items
+from tests.receivers import DurableReceiver, RefusedBeforeAccept
+from tests.scenario import FaultOnce, article_steps, held_job
 
 JOB = "dag/send/run-1"
 
@@ -113,3 +120,87 @@ def test_trigger_refuses_a_connection_that_now_reaches_another_journal(postgres,
     trigger = HeldItemTrigger(job_id=JOB, journal_conn_id="shared_journal", journal_id=journal_id, poll_interval=0.2)
     event = asyncio.run(asyncio.wait_for(trigger.run().__anext__(), timeout=60))
     assert event.payload["status"] == "error" and "another journal" in event.payload["message"]
+
+
+# ------------------------------------------------------------------ verify under the job's claim, both engines
+
+
+def journal_arguments(location: str, monkeypatch: pytest.MonkeyPatch, conn_id: str = "task_journal") -> dict:
+    """A task's journal arguments for a test's journal: its file, or an Airflow connection (from the
+    environment) to its PostgreSQL database. The task opens its own journal from them, as on a worker."""
+    if location.startswith("postgresql"):
+        from tests.test_airflow_shared_journal import connection
+
+        monkeypatch.setenv(f"AIRFLOW_CONN_{conn_id.upper()}", connection(location))
+        return {"journal_conn_id": conn_id}
+    return {"journal_path": location}
+
+
+def test_sensor_verify_while_the_job_runs_is_not_settled_yet_not_an_error(journal_location, monkeypatch):
+    held_job(journal_location, JOB)
+    asked: list[str] = []
+
+    def lookup(ctx):
+        asked.append(ctx.idempotency_key)
+        return NOT_DELIVERED
+
+    sensor = HeldItemSensor(task_id="wait", job_id=JOB, verify=lookup, **journal_arguments(journal_location, monkeypatch))
+    with StepJournal(journal_location) as other, other.open_job(JOB):  # a run of the job is under way
+        assert sensor.poke({}) is False
+    assert asked == []  # the receiver is not even asked while a run may be sending the step
+    with StepJournal(journal_location) as journal:
+        assert [h.item_id for h in journal.held(JOB)] == ["a"] and journal.resolutions(JOB) == []
+    assert sensor.poke({}) is True  # the run is over: the receiver's answer settles it
+    assert asked == [idempotency_key(JOB, "a", "send")]
+
+
+def test_no_run_can_send_between_the_sensors_look_up_and_its_settlement(tmp_path, journal_location, monkeypatch):
+    """The receiver's answer reaches the sensor late. Had a run sent the item in between, settling on
+    that answer ("not delivered") would send it again; the look-up and the settlement happen under the
+    job's claim, so a run started meanwhile (another process) is refused and sends nothing."""
+    receiver = DurableReceiver(tmp_path / "receiver.sqlite3")
+    items = crash_child_items(3)  # the child process's batch: the same items and steps
+    with StepJournal(journal_location) as journal:
+        with pytest.raises(RefusedBeforeAccept):  # item-002's send never arrived, and the run cannot tell
+            run_batch(journal, JOB, items, article_steps(receiver, FaultOnce("item-002", "before_accept")))
+        assert [h.item_id for h in run_batch(journal, JOB, items, article_steps(receiver)).held] == ["item-002"]
+    assert receiver.counts(JOB) == {"item-001": 1, "item-003": 1}
+
+    asked, answer_arrives = threading.Event(), threading.Event()
+
+    def slow_lookup(ctx):
+        answer = receiver.lookup(ctx.idempotency_key) or NOT_DELIVERED  # what the receiver says now...
+        asked.set()
+        answer_arrives.wait(60)  # ...reaches the sensor only later
+        return answer
+
+    sensor = HeldItemSensor(task_id="wait", job_id=JOB, verify=slow_lookup,
+                            **journal_arguments(journal_location, monkeypatch))
+    poked: list[object] = []
+    sensor_thread = threading.Thread(target=lambda: poked.append(_poke(sensor)))
+    sensor_thread.start()
+    try:
+        assert asked.wait(60), "the sensor never asked the receiver"
+        # A run of the job (with its own verify, which would send item-002 now) starts in another process.
+        code, summary, err = ChildRun(tmp_path, journal_location, receiver.path, JOB, n_items=3,
+                                      verify="three_way").finish()
+        assert (code, summary.get("busy")) == (EXIT_BUSY, True), (code, summary, err)
+        assert receiver.counts(JOB) == {"item-001": 1, "item-003": 1}  # it sent nothing
+    finally:
+        answer_arrives.set()
+        sensor_thread.join(60)
+    assert poked == [True]  # settled on its answer: "not delivered", about the step as it was asked about
+    with StepJournal(journal_location) as journal:
+        (audit,) = journal.resolutions(JOB)
+        assert (audit.item_id, audit.decision, audit.resolved_by) == ("item-002", "not_delivered", "sensor wait")
+
+    code, summary, err = ChildRun(tmp_path, journal_location, receiver.path, JOB, n_items=3).finish()
+    assert (code, summary["status"]) == (EXIT_COMPLETED, "completed"), (code, summary, err)
+    assert receiver.counts(JOB) == {"item-001": 1, "item-002": 1, "item-003": 1}  # one delivery per key
+
+
+def _poke(sensor: HeldItemSensor) -> object:
+    try:
+        return sensor.poke({})
+    except Exception as exc:  # the test asserts on it: a poke must not raise
+        return exc

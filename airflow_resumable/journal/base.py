@@ -459,7 +459,8 @@ class StepJournal:
                     except (ResolutionError, NotHeldError) as exc:
                         if len(checked) == 1:
                             raise
-                        raise type(exc)(f"entry {i + 1}: {exc}; nothing was changed") from None
+                        said = "" if "nothing was changed" in str(exc).lower() else "; nothing was changed"
+                        raise type(exc)(f"entry {i + 1}: {exc}{said}") from None
                 return [done[i] for i in range(len(checked))]
 
     def _check_entry(

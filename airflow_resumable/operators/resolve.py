@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pendulum
@@ -11,15 +11,22 @@ from airflow.sdk import DAG, BaseOperator, Param
 
 from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_target
 from airflow_resumable.errors import ResumableError
-from airflow_resumable.journal import DECISIONS, JournalError
-from airflow_resumable.journal.records import ENTRY_FIELDS, MAX_DECISIONS
-from airflow_resumable.runner import MAX_ID_LENGTH
+from airflow_resumable.journal import DECISIONS, JournalError, StaleDecisionError, StepJournal
+from airflow_resumable.journal.records import (
+    ENTRY_FIELDS,
+    MAX_DECISIONS,
+    MAX_ID_LENGTH,
+    MAX_JOB_ID_LENGTH,
+    MAX_NOTE_BYTES,
+    MAX_PERSON_LENGTH,
+    MAX_RECEIPT_BYTES,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
 __all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator", "resolve_held_item_dag"]
-_STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "resolved_by")
+_STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "version", "resolved_by")
 
 
 class ResolutionRefused(ResumableError, ValueError):
@@ -30,17 +37,21 @@ class ResolveOperator(BaseOperator):
     """Resolve one held step with the decision in the DAG run's conf (``params``).
 
     Conf: ``job_id``, ``item_id``, ``step``, ``decision`` (``delivered`` with ``receipt`` |
-    ``not_delivered`` | ``keep_previous_input`` | ``use_new_input``), optional ``note``, and
-    ``resolved_by`` when Airflow does not know the triggering user. Or ``resolutions``: a list of such
-    decisions (without ``resolved_by``), settled all or nothing in one transaction, each with its own
-    audit row; returns ``{"resolved": [...], "count": n}``. The journal comes from the operator or the
-    Airflow config, never from the conf.
+    ``not_delivered`` | ``keep_previous_input`` | ``use_new_input``), optional ``note``, optional
+    ``version`` (the held step's version as ``held`` / ``show`` or the Resumable jobs page showed it: if
+    the step changed since, the decision is refused and nothing changes; without it the decision
+    applies to the step as it is now), and ``resolved_by`` when Airflow does not know the triggering
+    user. Or ``resolutions``: a list of such decisions (without ``resolved_by``, each with its own
+    ``version``), settled all or nothing in one transaction, each with its own audit row; returns
+    ``{"resolved": [...], "count": n}``. The journal comes from the operator or the Airflow config,
+    never from the conf. A refused conf fails the task naming the entry; the journal is unchanged.
 
     :param journal_conn_id: an Airflow Postgres connection holding a shared journal; default
         ``[resumable] journal_conn_id``. Wins over ``journal_path``.
     :param journal_path: the journal file; default ``[resumable] journal_path``.
-    :param job_dag_ids: settle only jobs of these DAGs (a job id starts with its DAG id); others are
-        refused, the journal unchanged. A worker cannot ask Airflow whether the user who triggered
+    :param job_dag_ids: settle only jobs of these DAGs (the DAG a job's first run recorded, not the
+        start of its id; a job with no recorded DAG is refused too); others are refused, the journal
+        unchanged. A worker cannot ask Airflow whether the user who triggered
         this run may act on the job's DAG, so a copy of the resolve DAG per team, each with its own
         ``access_control`` and ``job_dag_ids``, is how to authorise per DAG on this path. Default: any
         job (then restrict who may trigger the resolve DAG). The UI page's form checks the job's DAG
@@ -64,23 +75,16 @@ class ResolveOperator(BaseOperator):
         if not resolved_by:
             raise ResolutionRefused("resolved_by is required: Airflow does not know who triggered this run")
         entries = conf["resolutions"] or [{k: conf.get(k) for k in ENTRY_FIELDS}]
-        for n, entry in enumerate(entries, 1):
-            job_id = entry.get("job_id") if isinstance(entry, Mapping) else None
-            if not isinstance(job_id, str):
-                continue  # the journal refuses the entry, naming it
-            job_dag = job_id.split("/", 1)[0]
-            if self.job_dag_ids is not None and job_dag not in self.job_dag_ids:
-                where = f"entry {n}: " if conf["resolutions"] else ""
-                raise ResolutionRefused(
-                    f"{where}job {job_id!r} belongs to DAG {job_dag!r}, which this resolve DAG may not settle "
-                    f"(job_dag_ids: {', '.join(sorted(self.job_dag_ids)) or 'none'}); the journal is unchanged"
-                )
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         if not target.exists():
             raise ResolutionRefused(f"there is no journal at {target.display} on this worker; nothing to resolve")
         with target.open() as journal:
+            if self.job_dag_ids is not None:
+                self._check_job_dags(journal, entries, numbered=bool(conf["resolutions"]))
             try:
                 resolutions = journal.apply_decisions(entries, resolved_by=resolved_by)
+            except StaleDecisionError as exc:  # it names the step, says nothing changed and what to do
+                raise ResolutionRefused(str(exc)) from None
             except (JournalError, ValueError) as exc:
                 raise ResolutionRefused(f"{exc} (the journal is unchanged)") from None
         done = []
@@ -92,6 +96,26 @@ class ResolveOperator(BaseOperator):
             return done[0]
         self.log.info("%d held step(s) settled in one transaction", len(done))
         return {"resolved": done, "count": len(done)}
+
+
+    def _check_job_dags(self, journal: StepJournal, entries: Sequence[Any], *, numbered: bool) -> None:
+        """Refuse entries of jobs whose recorded DAG (its first run's, never its id's first part) is not
+        one of ``job_dag_ids``; a job with no recorded DAG is settled only by a resolve DAG for any job."""
+        assert self.job_dag_ids is not None
+        allowed = ", ".join(sorted(self.job_dag_ids)) or "none"
+        for n, entry in enumerate(entries, 1):
+            job_id = entry.get("job_id") if isinstance(entry, Mapping) else None
+            job = journal.job(job_id) if isinstance(job_id, str) and job_id and "\x00" not in job_id else None
+            if job is None:
+                continue  # the journal refuses the entry, naming it
+            if job.dag_id not in self.job_dag_ids:
+                where = f"entry {n}: " if numbered else ""
+                owner = (f"belongs to DAG {job.dag_id!r}" if job.dag_id is not None else
+                         "has no recorded DAG (written outside Airflow or by an older release)")
+                raise ResolutionRefused(
+                    f"{where}job {job_id!r} {owner}, which this resolve DAG may not settle "
+                    f"(job_dag_ids: {allowed}); the journal is unchanged"
+                )
 
 
 def _conf(context: Context) -> dict[str, Any]:
@@ -165,23 +189,28 @@ def resolve_held_item_dag(
 
 
 def _resolve_params() -> dict[str, Param]:
+    # The form's limits are the journal's (it refuses past them, on every surface, with the same
+    # message); a length counts characters, at most the journal's count of UTF-8 bytes.
     return {
-        "job_id": Param("", type="string", maxLength=MAX_ID_LENGTH,
+        "job_id": Param("", type="string", maxLength=MAX_JOB_ID_LENGTH,
                         description="The job, as shown in the batch task's summary or failure message."),
         "item_id": Param("", type="string", maxLength=MAX_ID_LENGTH, description="The held item's id."),
-        "step": Param("", type="string", maxLength=256,
+        "step": Param("", type="string", maxLength=MAX_ID_LENGTH,
                       description="The held step (required for delivered / not_delivered)."),
         "decision": Param("", type="string", enum=["", *DECISIONS],
                           description="delivered: the receiver has it (give its receipt); not_delivered: "
                           "the receiver confirmed it never arrived (it is sent once on the next run); "
                           "keep_previous_input / use_new_input: for an input_changed hold."),
-        "receipt": Param("", type="string", maxLength=4096,
+        "receipt": Param("", type="string", maxLength=MAX_RECEIPT_BYTES,
                          description="The receiver's receipt / reference (required for delivered)."),
-        "note": Param("", type="string", maxLength=4096, description="Why; what you checked."),
-        "resolved_by": Param("", type="string", maxLength=256,
+        "note": Param("", type="string", maxLength=MAX_NOTE_BYTES, description="Why; what you checked."),
+        "version": Param("", type="string",
+                         description="The version you saw in held/show/the page; if the step changed since, the "
+                         "decision is refused (nothing changes: look again). Empty: decide on the step as it is now."),
+        "resolved_by": Param("", type="string", maxLength=MAX_PERSON_LENGTH,
                              description="Who decides (used when Airflow does not know the triggering user)."),
         "resolutions": Param([], type="array", maxItems=MAX_DECISIONS, items={"type": "object"},
                              description="Several decisions at once, instead of the fields above: a list of "
-                             "{job_id, item_id, step, decision, receipt, note}. All or nothing: one refused "
-                             "entry changes nothing."),
+                             "{job_id, item_id, step, decision, receipt, note, version}. All or nothing: one refused "
+                             "entry (a step that changed since its version was seen, too) changes nothing."),
     }

@@ -13,9 +13,13 @@ The review task lists the job's held items (reason, attempts, last error type, i
 asks one decision per item (``delivered`` with the receiver's receipt, ``not_delivered``, or for a
 changed input ``keep_previous_input`` / ``use_new_input``; ``leave_held`` leaves it). "Apply
 decisions" settles them through the journal in one transaction (all or nothing), each with an audit
-row naming the responding Airflow user; then the task succeeds and the second pass resumes. Who may
-answer is the DAG's business: its permissions and ``assigned_users``. Nothing held: the task
-succeeds at once without asking.
+row naming the responding Airflow user; then the task succeeds and the second pass resumes. The
+task keeps the version of each held step it showed: if a step the response decides on changed after
+it was shown (another person settled it, a run sent it again and held it again, the sensor's verify
+settled it), the whole response is refused, nothing changes, and this try of the task fails - its
+retry, or a Clear, shows the holds as they are now and asks again. Who may answer is the DAG's
+business: its permissions and ``assigned_users``. Nothing held: the task succeeds at once without
+asking.
 """
 
 from __future__ import annotations
@@ -29,7 +33,15 @@ from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
 from airflow_resumable._airflow import batch_job, journal_target, open_batch_journal
-from airflow_resumable.journal import DECISIONS_BY_REASON, HeldReason, HeldStep, JournalError, StepRecord
+from airflow_resumable.journal import (
+    DECISIONS_BY_REASON,
+    HeldReason,
+    HeldStep,
+    JournalError,
+    StaleDecisionError,
+    StepRecord,
+)
+from airflow_resumable.journal.records import MAX_NOTE_BYTES, MAX_RECEIPT_BYTES
 from airflow_resumable.operators.resolve import ResolutionRefused
 from airflow_resumable.runner import idempotency_key
 
@@ -110,11 +122,12 @@ class ReviewHeldItemsOperator(HITLOperator):
                       job_id, len(held), len(shown))
         self.params = ParamsDict(review_params(shown))
         self.body = review_body(job_id, shown, rows, more=len(held) - len(shown))
-        # What the human is shown, hold reason and key generation included: a response is applied only
-        # to holds still in that state (see execute_complete).
+        # What the human is shown, each held step's version included: a response is applied only to
+        # steps that have not changed since (see execute_complete).
         context["ti"].xcom_push(key=REVIEW_XCOM_KEY, value={
             "job_id": job_id, "journal_id": journal_id,
-            "items": [[h.item_id, h.step, h.reason.value, h.generation] for h in shown]})
+            "items": [{"item_id": h.item_id, "step": h.step, "reason": h.reason.value, "version": h.version}
+                      for h in shown]})
         return super().execute(context)
 
     def validate_params_input(self, params_input: Any) -> None:
@@ -134,12 +147,21 @@ class ReviewHeldItemsOperator(HITLOperator):
             return {"job_id": job_id, "held": len(items), "applied": 0, "responded_by": responder}
         if not responder:
             raise ResolutionRefused(f"{self.task_id}: Airflow did not say who responded; nothing was changed")
+        if not all(isinstance(item, dict) for item in items):
+            raise ResolutionRefused(f"{self.task_id}: this review was asked by an earlier release of the provider, "
+                                    "which kept no versions; nothing was changed. Clear this task to review the "
+                                    "current holds")
+        entries = decisions_from(items, answer["params_input"] or {}, job_id)
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         with open_batch_journal(target, owner=self.task_id, recorded_id=review["journal_id"]) as journal:
-            held_now = {(h.item_id, h.step): (h.reason.value, h.generation) for h in journal.held(job_id)}
-            entries = decisions_from(items, answer["params_input"] or {}, job_id, held_now)
             try:
                 done = journal.apply_decisions(entries, resolved_by=responder) if entries else []
+            except StaleDecisionError as exc:
+                # The answer was about the hold as shown; applied to what it is now it could send an item
+                # twice. The next try (a retry, or a Clear) shows the holds as they are now.
+                raise ResolutionRefused(
+                    f"{self.task_id}: the response by {responder} is refused as a whole: {exc}. This try fails: "
+                    "a retry, or a Clear of this task, asks again about the holds as they are now") from None
             except (JournalError, ValueError) as exc:
                 raise ResolutionRefused(f"{exc}; nothing was changed. Clear this task to answer again") from None
         for r in done:
@@ -164,9 +186,10 @@ def review_params(held: list[HeldStep]) -> dict[str, Param]:
         )
         if h.reason == HeldReason.UNKNOWN_OUTCOME:
             # Optional (null allowed): Airflow's form requires a field whose type is a plain "string".
-            params[f"receipt_{n}"] = Param(None, type=["null", "string"], maxLength=4096, title=f"{n}. receipt",
+            params[f"receipt_{n}"] = Param(None, type=["null", "string"], maxLength=MAX_RECEIPT_BYTES,
+                                           title=f"{n}. receipt",
                                            description="The receiver's receipt or reference (for delivered).")
-    params["note"] = Param(None, type=["null", "string"], maxLength=4096, title="Note",
+    params["note"] = Param(None, type=["null", "string"], maxLength=MAX_NOTE_BYTES, title="Note",
                            description="What you checked; recorded with every decision.")
     return params
 
@@ -206,20 +229,17 @@ def review_body(job_id: str, held: list[HeldStep], rows: dict[tuple[str, str], S
     return "\n".join(lines)
 
 
-def decisions_from(
-    items: list[list[Any]], params_input: dict[str, Any], job_id: str,
-    held_now: dict[tuple[str, str], tuple[str, int]] | None = None,
-) -> list[dict[str, Any]]:
-    """The journal entries of a response: one per item not left held. ``items``: ``[item_id, step,
-    reason, generation]`` as presented. Refuses, before anything is applied, a choice the form did not
-    offer for that item (the REST API takes any value), and - given ``held_now``, the job's holds as
-    they are now - a decision about a step no longer held as it was shown (settled meanwhile, or held
-    again under another key generation)."""
+def decisions_from(items: list[dict[str, Any]], params_input: dict[str, Any], job_id: str) -> list[dict[str, Any]]:
+    """The journal entries of a response: one per item not left held, each with the version of the
+    held step as it was shown (the journal refuses them all if one changed since). ``items``: what was
+    presented, ``{"item_id", "step", "reason", "version"}`` each. Refuses, before anything is applied,
+    a choice the form did not offer for that item (the REST API takes any value)."""
     note = params_input.get("note") or ""
     if not isinstance(note, str):
         raise ResolutionRefused("note must be text; nothing was changed")
     entries = []
-    for n, (item_id, step, reason, generation) in enumerate(items, 1):
+    for n, shown in enumerate(items, 1):
+        item_id, step, reason = shown["item_id"], shown["step"], shown["reason"]
         decision = params_input.get(f"item_{n}", LEAVE_HELD) or LEAVE_HELD
         allowed = (LEAVE_HELD, *DECISIONS_BY_REASON[HeldReason(reason)])
         if decision not in allowed:
@@ -227,13 +247,8 @@ def decisions_from(
                                     f"{', '.join(allowed)}; nothing was changed")
         if decision == LEAVE_HELD:
             continue
-        if held_now is not None and held_now.get((item_id, step)) != (reason, generation):
-            raise ResolutionRefused(
-                f"item_{n} ({item_id} / {step}) changed since the review was asked (settled, or held again "
-                "under another key); nothing was changed. Clear this task to review the current holds")
         receipt = params_input.get(f"receipt_{n}") or None
         entries.append({"job_id": job_id, "item_id": item_id, "decision": decision, "note": note,
                         "step": step if decision in DECISIONS_BY_REASON[HeldReason.UNKNOWN_OUTCOME] else None,
-                        "receipt": receipt if decision == "delivered" else None})
+                        "receipt": receipt if decision == "delivered" else None, "version": shown["version"]})
     return entries
-
