@@ -12,19 +12,27 @@ the child writes ``--marker`` when it reaches that boundary for that item, then 
 
 Without ``--pause-at`` the child writes ``--marker`` just before ``run_batch`` starts.
 
-Exit codes: 0 completed, 3 needs_review (something held), 4 JobBusyError; anything else is a crash
+With ``--http-receiver URL`` the sends go to the demo receiver over HTTP instead of the durable
+receiver file (``--receiver`` is then not needed), and ``--only ID`` (repeatable) runs the batch with
+those items alone: the stale-decision tests change one held row from another process.
+
+Exit codes: 0 completed, 3 needs_review (something held), 4 JobBusyError, 5 the run stopped on an
+HTTP send that failed (its outcome unknown: an error status or a lost reply); anything else is a crash
 the tests treat as a failure. The last stdout line is a JSON summary of the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import random
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -34,7 +42,52 @@ from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch  # noqa: E40
 from tests.receivers import DurableReceiver  # noqa: E402
 
 BOUNDARIES = ("local", "before_send", "after_accept", "after_reply")
-EXIT_COMPLETED, EXIT_NEEDS_REVIEW, EXIT_BUSY = 0, 3, 4
+EXIT_COMPLETED, EXIT_NEEDS_REVIEW, EXIT_BUSY, EXIT_SEND_FAILED = 0, 3, 4, 5
+
+
+class ReceiverFailed(Exception):
+    """The HTTP receiver answered an error status: to the runner, the send's outcome is unknown."""
+
+
+class ReceiverReplyLost(Exception):
+    """The connection broke before the receiver's reply arrived: it may have the delivery or not."""
+
+
+class HttpReceiverClient:
+    """The demo receiver (``airflow_resumable.demo_receiver``) over HTTP, with the durable receiver's
+    ``deliver`` / ``lookup`` so the same steps send to either."""
+
+    def __init__(self, url: str, timeout: float = 30.0) -> None:
+        self.url, self.timeout = url.rstrip("/"), timeout
+
+    def _call(self, request: urllib.request.Request) -> tuple[int, dict]:
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                return response.status, json.loads(response.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read() or b"{}")
+
+    def deliver(self, job_id: str, item_id: str, step: str, key: str, payload: str = "") -> str:
+        body = json.dumps({"job_id": job_id, "item_id": item_id, "step": step, "payload": payload}).encode()
+        request = urllib.request.Request(self.url + "/notifications", data=body, method="POST",
+                                         headers={"Idempotency-Key": key, "Content-Type": "application/json"})
+        try:
+            status, reply = self._call(request)
+        except (OSError, http.client.HTTPException):
+            raise ReceiverReplyLost() from None
+        if status >= 400:
+            raise ReceiverFailed(status)
+        return str(reply["receipt"])
+
+    def lookup(self, key: str) -> str | None:
+        """The receipt under ``key``, None when the receiver has no record of it (it answers 404);
+        any other answer raises (the runner takes that as "cannot tell")."""
+        status, reply = self._call(urllib.request.Request(f"{self.url}/notifications/{key}"))
+        if status == 404:
+            return None
+        if status != 200:
+            raise ReceiverFailed(status)
+        return str(reply["receipt"])
 
 
 def items(n: int) -> list[dict]:
@@ -44,7 +97,10 @@ def items(n: int) -> list[dict]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--journal", required=True)
-    parser.add_argument("--receiver", required=True)
+    parser.add_argument("--receiver", help="the durable receiver's file (needed unless --http-receiver)")
+    parser.add_argument("--http-receiver", metavar="URL", help="send to the demo receiver at URL instead")
+    parser.add_argument("--only", action="append", default=[], metavar="ID",
+                        help="run the batch with this item alone (repeatable); default: all of --items")
     parser.add_argument("--job", required=True)
     parser.add_argument("--also-job", action="append", default=[],
                         help="run this job too, at the same time, on a thread with a journal connection of its own")
@@ -61,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--step-ms", type=float, nargs=2, default=(0.0, 0.0),
                         metavar=("MIN", "MAX"), help="each step sleeps uniformly this many ms")
     args = parser.parse_args(argv)
+    if not args.receiver and not args.http_receiver:
+        parser.error("--receiver or --http-receiver is required")
 
     def signal_ready(text: str) -> None:
         if args.marker:
@@ -83,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
         if high > 0:
             time.sleep(random.uniform(low, high) / 1000.0)
 
-    receiver = DurableReceiver(Path(args.receiver))
+    receiver = HttpReceiverClient(args.http_receiver) if args.http_receiver else DurableReceiver(Path(args.receiver))
+    batch = [item for item in items(args.items) if not args.only or item["id"] in args.only]
 
     def validate(item, ctx):
         work()
@@ -126,10 +185,12 @@ def main(argv: list[str] | None = None) -> int:
     def run_job(journal: StepJournal, job: str) -> dict:
         started = time.monotonic()
         try:
-            result = run_batch(journal, job, items(args.items), steps, concurrency=args.concurrency,
+            result = run_batch(journal, job, batch, steps, concurrency=args.concurrency,
                                runner=f"crash_child:{os.getpid()}")
         except JobBusyError as exc:
             return {"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}
+        except (ReceiverFailed, ReceiverReplyLost) as exc:  # only with --http-receiver
+            return {"busy": False, "send_failed": type(exc).__name__}
         return {
             "busy": False,
             "status": result.status,
@@ -167,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary), flush=True)
     if summary["busy"]:
         return EXIT_BUSY
+    if "send_failed" in summary:
+        return EXIT_SEND_FAILED
     if any("error" in other for other in others.values()):
         return 1
     everything = [summary, *others.values()]
@@ -180,21 +243,28 @@ class ChildRun:
     """One child process, as the tests start it (``sys.executable`` running this file)."""
 
     def __init__(
-        self, tmp: Path, journal: Path, receiver: Path, job: str, *, durability: str = "full",
+        self, tmp: Path, journal: Path | str, receiver: Path | None, job: str, *, durability: str = "full",
         pause_at: str | None = None, pause_item: str | None = None, release: Path | None = None,
         step_ms: tuple[float, float] = (0.0, 0.0), n_items: int = 30, concurrency: int = 1,
-        also_jobs: tuple[str, ...] = (), verify: str = "none",
+        also_jobs: tuple[str, ...] = (), verify: str = "none", http_receiver: str | None = None,
+        only: tuple[str, ...] = (),
     ) -> None:
         import subprocess
         import uuid
 
         self.marker = Path(tmp) / f"marker-{uuid.uuid4().hex}"
         cmd = [
-            sys.executable, str(Path(__file__).resolve()), "--journal", str(journal), "--receiver",
-            str(receiver), "--job", job, "--durability", durability, "--items", str(n_items),
+            sys.executable, str(Path(__file__).resolve()), "--journal", str(journal), "--job", job,
+            "--durability", durability, "--items", str(n_items),
             "--marker", str(self.marker), "--step-ms", str(step_ms[0]), str(step_ms[1]),
             "--concurrency", str(concurrency), "--verify", verify,
         ]
+        if receiver is not None:
+            cmd += ["--receiver", str(receiver)]
+        if http_receiver:
+            cmd += ["--http-receiver", http_receiver]
+        for item_id in only:
+            cmd += ["--only", item_id]
         if pause_at:
             cmd += ["--pause-at", pause_at, "--pause-item", str(pause_item)]
         if release:
