@@ -251,7 +251,7 @@ class StepJournal:
     @classmethod
     def _check_names(cls, *names: object) -> None:
         for what, name, limit in zip(("job_id", "item_id", "step"), names,
-                                     (MAX_JOB_ID_LENGTH, MAX_ID_LENGTH, MAX_ID_LENGTH)):
+                                     (MAX_JOB_ID_LENGTH, MAX_ID_LENGTH, MAX_ID_LENGTH), strict=False):
             if not isinstance(name, str) or not name:
                 raise NotHeldError(f"{what} {name!r} names nothing: expected non-empty text; check it")
             try:
