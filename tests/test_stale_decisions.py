@@ -82,7 +82,7 @@ def receiver(tmp_path) -> Iterator[Receiver]:
 
 
 @dataclass(frozen=True)
-class Journal:
+class Deployment:
     """What a run in another process needs: where the journal is, and where the receiver is."""
 
     location: str
@@ -98,8 +98,8 @@ class Journal:
 
 
 @pytest.fixture
-def world(journal_location, receiver, tmp_path) -> Journal:
-    return Journal(journal_location, receiver, tmp_path)
+def world(journal_location, receiver, tmp_path) -> Deployment:
+    return Deployment(journal_location, receiver, tmp_path)
 
 
 def look(journal: StepJournal, item_id: str) -> HeldStep:
@@ -118,7 +118,7 @@ def row(journal: StepJournal, item_id: str) -> StepRecord:
     return found
 
 
-def hold_a_send_that_never_arrived(world: Journal, item_id: str = "item-002") -> None:
+def hold_a_send_that_never_arrived(world: Deployment, item_id: str = "item-002") -> None:
     """The receiver refuses ``item_id``'s first send before accepting it (503: to the runner the outcome
     is unknown), and the next run holds it. The other items are delivered."""
     world.receiver.fail_next_send(item_id, "before_accept")
@@ -129,9 +129,9 @@ def hold_a_send_that_never_arrived(world: Journal, item_id: str = "item-002") ->
 
 @pytest.mark.parametrize("resend", ["answered", "reply_lost"])
 def test_a_decision_on_a_held_step_that_a_run_settled_since_is_refused(world, resend):
-    """A looks (the receiver has no record: "not delivered"); meanwhile a run's verify gets the same
-    answer and re-sends it once (answered, or its reply lost: unknown again). A's not_delivered would
-    have the next run send the key a second time."""
+    """A looks (the receiver has no record: "not delivered"); meanwhile a run in another process asks
+    the receiver too and re-sends it once. Answered, the step is done; its reply lost, it is unknown
+    again - and A's not_delivered, applied to it, would have the next run send the key a second time."""
     hold_a_send_that_never_arrived(world)
     with StepJournal(world.location) as journal:
         seen = look(journal, "item-002")
