@@ -53,3 +53,81 @@ def execute(
         return conn.execute(statement, params).fetchall()
     finally:
         conn.close()
+
+
+def counts_and_recount(location: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
+    """Every job's counts as the journal keeps them (jobs row), and as counted from its step rows now.
+
+    Jobs without step rows count zero everywhere. The two must be equal after anything at all.
+    """
+    from airflow_resumable.journal.schema import COUNTERS, recount_statement
+
+    kept = {r[0]: tuple(int(v) for v in r[1:]) for r in execute(location, f"SELECT job_id, {', '.join(COUNTERS)} FROM jobs")}
+    counted = {r[0]: tuple(int(v) for v in r[1:]) for r in execute(location, recount_statement())}
+    zero = (0,) * len(COUNTERS)
+    return kept, {job_id: counted.get(job_id, zero) for job_id in kept} | {
+        job_id: row for job_id, row in counted.items() if job_id not in kept}
+
+
+def assert_counts_exact(location: str | Path) -> None:
+    """The counts the journal keeps with each job equal a recount of its step rows."""
+    kept, counted = counts_and_recount(location)
+    assert kept == counted, {k: (kept.get(k), counted.get(k)) for k in set(kept) | set(counted)
+                             if kept.get(k) != counted.get(k)}
+
+
+def sqlite_downgrade(path: str | Path, version: int) -> None:
+    """Take a SQLite journal written by this release back to an older schema ``version`` (5 or 6), as
+    that release would have left it: for the migration tests of journals that hold real runs' rows."""
+    from airflow_resumable.journal.schema import COUNTERS
+
+    conn = sqlite3.connect(str(path), isolation_level=None)
+    try:
+        for trigger in ("steps_key_fixed", "steps_counted_insert", "steps_counted_update", "steps_counted_delete"):
+            conn.execute(f"DROP TRIGGER {trigger}")
+        conn.execute("DROP INDEX jobs_by_created")
+        conn.execute("DROP INDEX steps_held")
+        conn.execute("CREATE INDEX steps_held ON steps (job_id, item_id) WHERE held_reason IS NOT NULL")
+        for column in COUNTERS:
+            conn.execute(f"ALTER TABLE jobs DROP COLUMN {column}")
+        if version < 6:
+            conn.execute("ALTER TABLE steps DROP COLUMN version")
+            conn.execute("ALTER TABLE jobs DROP COLUMN dag_id")
+        conn.execute(f"PRAGMA user_version = {version}")
+    finally:
+        conn.close()
+
+
+def postgres_downgrade_to_6(url: str, schema: str = "resumable") -> None:
+    """Take a PostgreSQL journal written by this release back to schema version 6 (what 0.3.0's
+    predecessor left); a test then drops what versions 6, 5 and 4 added, for older ones."""
+    import psycopg
+
+    from airflow_resumable.journal.schema import COUNTERS
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f'SET search_path = "{schema}"')
+        for name in ("steps_key_fixed", "steps_counted_insert", "steps_counted_update", "steps_counted_delete"):
+            conn.execute(f"DROP TRIGGER {name} ON steps")
+            conn.execute(f"DROP FUNCTION {name}()")
+        conn.execute("DROP INDEX jobs_by_created")
+        conn.execute("DROP INDEX steps_held")
+        conn.execute("CREATE INDEX steps_held ON steps (job_id, item_id) WHERE held_reason IS NOT NULL")
+        conn.execute("ALTER TABLE jobs " + ", ".join(f"DROP COLUMN {c}" for c in COUNTERS))
+        conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
+
+
+def assert_summary_is_a_recount(journal: Any, job_id: str) -> None:
+    """``journal.job(job_id)`` (the counts kept with the job) equals a count of ``journal.rows(job_id)``."""
+    rows = journal.rows(job_id)
+    summary = journal.job(job_id)
+    counted = {
+        "items": len({r.item_id for r in rows}),
+        "counts": {s: sum(1 for r in rows if r.status.value == s) for s in ("IN_FLIGHT", "SUCCEEDED", "FAILED")},
+        "held": sum(1 for r in rows if r.held_reason is not None),
+        "unresolved": sum(1 for r in rows if r.held_reason is None and r.side_effect
+                          and r.status.value != "SUCCEEDED" and not r.not_sent),
+    }
+    kept = {"items": summary.items, "counts": dict(summary.counts), "held": summary.held,
+            "unresolved": summary.unresolved} if summary else None
+    assert kept == counted or (summary is None and not rows), (job_id, kept, counted)

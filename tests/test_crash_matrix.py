@@ -26,6 +26,7 @@ import pytest
 
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import idempotency_key
+from tests import backends
 from tests.crash_child import (
     BOUNDARIES,
     EXIT_COMPLETED,
@@ -101,6 +102,8 @@ def check_marks_guard_every_delivery(receiver: DurableReceiver, job: str, rows: 
 def check_safe_after_kill(s: Setup, context: str) -> dict[str, int]:
     with s.open_journal() as journal:
         rows = {(r.item_id, r.step): r for r in journal.rows(JOB)}
+    # The counts kept with each job were written in the killed transactions or not at all.
+    backends.assert_counts_exact(s.journal)
     return check_marks_guard_every_delivery(s.receiver, JOB, rows, context)
 
 
@@ -146,6 +149,7 @@ def check_complete(s: Setup, context: str, decisions: list[tuple[str, str]]) -> 
     assert sorted(counts) == IDS, f"{context}: lost items: {sorted(set(IDS) - set(counts))}"
     twice = {k: v for k, v in counts.items() if v > 1}
     assert set(counts.values()) == {1}, f"{context}: duplicates: {twice}"
+    backends.assert_counts_exact(s.journal)
     with s.open_journal() as journal:
         rows = journal.rows(JOB)
         assert sorted((r.item_id, r.step) for r in rows) == sorted((i, st) for i in IDS for st in STEPS)

@@ -24,8 +24,10 @@ from airflow_resumable.journal import (
     JournalVersionError,
     Status,
     StepJournal,
+    migrate,
 )
 from airflow_resumable.runner import Step, StepContext, run_batch
+from tests import backends
 from tests.backends import snapshot
 from tests.scenario import held_job
 
@@ -105,10 +107,12 @@ def test_a_version_3_journal_is_migrated_and_its_jobs_count_as_finished(postgres
     """Version 4 added jobs.finished_at (unfinished: a run stopped or died part way)."""
     with StepJournal(postgres_url) as journal:
         run_batch(journal, JOB, items(2), sending([]))
+    backends.postgres_downgrade_to_6(postgres_url)
     with admin(postgres_url) as conn:  # back to what a version 3 journal looks like
         conn.execute("ALTER TABLE resumable.jobs DROP COLUMN finished_at, DROP COLUMN dag_id")
         conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent, DROP COLUMN version")
         conn.execute("UPDATE resumable.meta SET value = '3' WHERE key = 'schema_version'")
+    assert migrate(postgres_url) == (3, SCHEMA_VERSION)
     with StepJournal(postgres_url) as journal:
         (job,) = journal.jobs()
         assert job.status == "completed" and job.finished_at == job.updated_at
@@ -123,10 +127,12 @@ def test_a_version_4_journal_is_migrated_and_keeps_its_keys(postgres_url):
     with StepJournal(postgres_url) as journal:
         with journal.open_job(JOB) as run:
             run.mark_in_flight("a", "send", "d" * 64)
+    backends.postgres_downgrade_to_6(postgres_url)
     with admin(postgres_url) as conn:  # back to what a version 4 journal looks like
         conn.execute("ALTER TABLE resumable.steps DROP COLUMN generation, DROP COLUMN not_sent, DROP COLUMN version")
         conn.execute("ALTER TABLE resumable.jobs DROP COLUMN dag_id")
         conn.execute("UPDATE resumable.meta SET value = '4' WHERE key = 'schema_version'")
+    assert migrate(postgres_url) == (4, SCHEMA_VERSION)
     with StepJournal(postgres_url) as journal:
         (row,) = journal.rows(JOB)
         assert (row.status.value, row.generation, row.not_sent) == ("IN_FLIGHT", 0, False)
@@ -327,10 +333,12 @@ def test_a_version_5_journal_is_migrated_and_its_held_rows_can_be_decided_on_wha
     """Version 6 added steps.version (every existing row at its first version) and jobs.dag_id (unknown
     for jobs journaled before: settling them needs permission on all DAGs)."""
     held_job(postgres_url, JOB)
+    backends.postgres_downgrade_to_6(postgres_url)
     with admin(postgres_url) as conn:  # back to what a version 5 journal looks like
         conn.execute("ALTER TABLE resumable.steps DROP COLUMN version")
         conn.execute("ALTER TABLE resumable.jobs DROP COLUMN dag_id")
         conn.execute("UPDATE resumable.meta SET value = '5' WHERE key = 'schema_version'")
+    assert migrate(postgres_url) == (5, SCHEMA_VERSION)
     with StepJournal(postgres_url) as journal:
         (hold,) = journal.held(JOB)
         assert hold.version and journal.job(JOB).dag_id is None

@@ -57,6 +57,7 @@ from airflow_resumable.runner import (
     run_batch,
     verify_held,
 )
+from tests import backends
 from tests.receivers import AcceptedThenLost, RefusedBeforeAccept
 
 # validate, transform: local; notify: the side effect; ack: a local step after the send.
@@ -694,9 +695,12 @@ def test_runs_with_faults_edits_and_resolutions(fresh_journal, concurrency, raw_
                 after_run = data.draw(st.lists(ACTIONS, min_size=1, max_size=3), label="after the run")
                 after_human = data.draw(st.lists(ACTIONS, max_size=2), label="after the human")
                 check_run(journal, world, model, job_id, batch, faults, concurrency)
+                backends.assert_summary_is_a_recount(journal, job_id)
                 people.act(after_run)
                 resolve_holds(journal, world, model, job_id, choices, resets)
                 people.act(after_human)
+                # The counts kept with the job follow every run, resolution and verify exactly.
+                backends.assert_summary_is_a_recount(journal, job_id)
                 # Few values per item, so an edit is often an edit back to what was journaled.
                 for item_id in data.draw(st.lists(st.sampled_from(sorted(values)), max_size=3), label="edits"):
                     values[item_id] = data.draw(VALUES, label=f"new value of {item_id}")
@@ -717,6 +721,7 @@ def test_runs_with_faults_edits_and_resolutions(fresh_journal, concurrency, raw_
             assert set(rows) == {(i, s) for i in values for s in STEP_NAMES}
             assert all(r.status == "SUCCEEDED" and r.held is None for r in rows.values())
             assert journal.held(job_id) == [] and journal.job(job_id).settled
+            backends.assert_summary_is_a_recount(journal, job_id)
             # Everything reached the receiver; more than once only after a use_new_input resolution.
             for item_id in values:
                 count = world.receiver.counts.get((item_id, "notify"), 0)

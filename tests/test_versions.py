@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +15,7 @@ from airflow_resumable.journal import (
     StepJournal,
 )
 from airflow_resumable.runner import NOT_DELIVERED, Step, StepContext, run_batch, verify_held
+from tests import backends
 from tests.scenario import held_job
 
 JOB = "versions/job"
@@ -172,12 +172,7 @@ def test_verify_held_asks_and_settles_under_the_jobs_claim(journal_location):
 def test_a_newer_journal_version_is_migrated_forward_from_version_5_on_sqlite(tmp_path):
     path = tmp_path / "journal.sqlite3"
     held_job(str(path), JOB)
-    conn = sqlite3.connect(path)
-    conn.execute("ALTER TABLE steps DROP COLUMN version")
-    conn.execute("ALTER TABLE jobs DROP COLUMN dag_id")
-    conn.execute("PRAGMA user_version = 5")
-    conn.commit()
-    conn.close()
+    backends.sqlite_downgrade(path, 5)
     with StepJournal(path) as journal:
         (hold,) = journal.held(JOB)
         assert hold.version and journal.job(JOB).dag_id is None

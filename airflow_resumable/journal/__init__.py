@@ -6,7 +6,7 @@ The runner talks to both through :class:`JobRun`; the engines differ only below 
 in :mod:`airflow_resumable.journal.backend`. This package imports nothing from Airflow.
 """
 
-from airflow_resumable.journal.base import StepJournal, is_postgres_url
+from airflow_resumable.journal.base import StepJournal, is_postgres_url, migrate
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JobPrunedError,
@@ -17,6 +17,7 @@ from airflow_resumable.journal.errors import (
     JournalLocationError,
     JournalVersionError,
     NotHeldError,
+    PageError,
     ResolutionError,
     StaleDecisionError,
 )
@@ -27,6 +28,7 @@ from airflow_resumable.journal.records import (
     HeldReason,
     HeldStep,
     JobSummary,
+    Page,
     Resolution,
     Status,
     StepRecord,
@@ -51,6 +53,8 @@ __all__ = [
     "JournalLocationError",
     "JournalVersionError",
     "NotHeldError",
+    "Page",
+    "PageError",
     "ResolutionError",
     "StaleDecisionError",
     "Resolution",
@@ -59,4 +63,5 @@ __all__ = [
     "StepRecord",
     "StepState",
     "is_postgres_url",
+    "migrate",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -16,6 +17,7 @@ from airflow_resumable.journal.errors import (
     JobBusyError,
     JournalLocationError,
     NotHeldError,
+    PageError,
     ResolutionError,
     StaleDecisionError,
 )
@@ -26,11 +28,13 @@ from airflow_resumable.journal.records import (
     MAX_ID_LENGTH,
     MAX_JOB_ID_LENGTH,
     MAX_NOTE_BYTES,
+    MAX_PAGE,
     MAX_PERSON_LENGTH,
     MAX_RECEIPT_BYTES,
     HeldReason,
     HeldStep,
     JobSummary,
+    Page,
     Resolution,
     Status,
     StepRecord,
@@ -51,8 +55,30 @@ FOLD_RUNNER, RESOLUTION_RUNNER = "receipt log fold", "resolution"
 BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER)
 
 
+class _Found(list[tuple[Any, ...]]):
+    """Rows a paged query found, and whether more follow the last of them."""
+
+    def __init__(self, rows: list[tuple[Any, ...]], *, more: bool) -> None:
+        super().__init__(rows)
+        self.more = more
+
+
 def is_postgres_url(location: object) -> bool:
     return isinstance(location, str) and location.lower().startswith(POSTGRES_SCHEMES)
+
+
+def migrate(location: str | os.PathLike[str], **options: Any) -> tuple[int | None, int]:
+    """Move the journal at ``location`` to this release's schema; returns (the version it had, or None
+    for a new journal; the version it has now). What ``airflow-resumable migrate`` runs.
+
+    A shared (PostgreSQL) journal is never migrated as a side effect: a worker of this release refuses an
+    older one until this has run, and sends nothing. A SQLite journal is migrated by whoever opens it.
+    """
+    from airflow_resumable.journal.schema import SCHEMA_VERSION
+
+    # StepJournal(...) builds the engine's class, whose __init__ takes the location and the options.
+    with StepJournal(location, migrate=True, **options) as journal:  # type: ignore[call-arg, arg-type]
+        return journal.migrated_from, SCHEMA_VERSION
 
 
 class StepJournal:
@@ -78,6 +104,9 @@ class StepJournal:
     location: str
     journal_id: str
     kind: str  # "sqlite" | "postgresql"
+    # Whether any worker may open this journal (a database server), or only the worker whose disk holds it.
+    shared: bool
+    migrated_from: int | None = None  # the schema version this open found (None: a new journal)
 
     def __new__(cls, location: str | os.PathLike[str], *args: Any, **kwargs: Any) -> StepJournal:
         if cls is StepJournal:
@@ -171,45 +200,127 @@ class StepJournal:
 
     # -- read API -----------------------------------------------------------------------------
 
-    def jobs(self) -> list[JobSummary]:
-        """Every job with per-status row counts, newest first."""
-        return self._job_summaries("", ())
+    def jobs(
+        self, *, limit: int | None = None, cursor: str | None = None, status: str | None = None,
+        dag_id: str | None = None,
+    ) -> Page[JobSummary]:
+        """Jobs with their counts, newest first (by when they were created), each read from its own row.
+
+        ``status``: only jobs whose :attr:`JobSummary.status` is this; ``dag_id``: only the jobs of this
+        DAG (as recorded by their first run). ``limit``: at most this many, with ``next_cursor`` to go on
+        (``cursor=``); without it, every job that matches.
+        """
+        query, params = sql.JOBS, []
+        if status is not None:
+            if status not in sql.JOB_STATUS_WHERE:
+                raise PageError(f"unknown job status {str(status)[:40]!r}; use one of {', '.join(sql.JOB_STATUS_WHERE)}")
+            query += f" AND {sql.JOB_STATUS_WHERE[status]}"
+        if dag_id is not None:
+            query, params = query + " AND dag_id = ?", [self._check_text_arg(dag_id, "dag_id")]
+        if cursor is not None:
+            created_at, job_id = self._cursor_key(cursor, "jobs", (float, str))
+            query, params = query + sql.JOBS_AFTER, [*params, created_at, created_at, job_id]
+        found = self._page(query + sql.JOBS_ORDER, params, limit)
+        summaries = [self._summary(r) for r in found]
+        last = found[-1] if found.more else None
+        return Page(summaries, None if last is None else self._cursor("jobs", last[1], last[0]))
 
     def job(self, job_id: str) -> JobSummary | None:
-        found = self._job_summaries("WHERE j.job_id = ?", (job_id,))
-        return found[0] if found else None
+        found = self._read(sql.JOB_SUMMARY, (job_id,))
+        return self._summary(found[0]) if found else None
 
-    def _job_summaries(self, where: str, params: Sequence[Any]) -> list[JobSummary]:
-        return [
-            JobSummary(
-                job_id=r[0],
-                created_at=ts(r[1]),
-                updated_at=ts(r[2]),
-                pruned_at=None if r[3] is None else ts(r[3]),
-                counts={"IN_FLIGHT": int(r[6]), "SUCCEEDED": int(r[7]), "FAILED": int(r[8])},
-                items=int(r[5]),
-                held=int(r[9]),
-                unresolved=int(r[10]),
-                finished_at=None if r[11] is None else ts(r[11]),
-                dag_id=r[12],
-            )
-            for r in self._read(sql.JOB_SUMMARIES.format(where=where), params)
-        ]
+    @staticmethod
+    def _summary(r: Sequence[Any]) -> JobSummary:
+        return JobSummary(
+            job_id=r[0],
+            created_at=ts(r[1]),
+            updated_at=ts(r[2]),
+            pruned_at=None if r[3] is None else ts(r[3]),
+            items=int(r[4]),
+            counts={"IN_FLIGHT": int(r[5]), "SUCCEEDED": int(r[6]), "FAILED": int(r[7])},
+            held=int(r[8]),
+            unresolved=int(r[9]),
+            finished_at=None if r[10] is None else ts(r[10]),
+            dag_id=r[11],
+        )
 
-    def rows(self, job_id: str, item_id: str | None = None) -> list[StepRecord]:
-        """The job's step rows (one item's when ``item_id`` is given)."""
-        if item_id is None:
-            return [step_record(r) for r in self._read(sql.JOB_ROWS, (job_id,))]
-        return [step_record(r) for r in self._read(sql.ITEM_ROWS, (job_id, item_id))]
+    def rows(
+        self, job_id: str, item_id: str | None = None, *, status: Status | str | None = None,
+        limit: int | None = None, cursor: str | None = None,
+    ) -> Page[StepRecord]:
+        """The job's step rows (one item's when ``item_id`` is given; only those in ``status``), by item and
+        then in the order the item's steps were first written. ``limit``/``cursor`` as for :meth:`jobs`."""
+        query, params = sql.JOB_ROWS, [job_id]
+        if item_id is not None:
+            query, params = query + sql.ROWS_ITEM, [*params, item_id]
+        if status is not None:
+            if str(status) not in Status.__members__:
+                raise PageError(f"unknown row status {str(status)[:40]!r}; use one of {', '.join(Status.__members__)}")
+            query, params = query + sql.ROWS_STATUS, [*params, str(status)]
+        if cursor is not None:
+            after_item, after_created, after_step = self._cursor_key(cursor, "rows", (str, float, str))
+            query += sql.ROWS_AFTER
+            params += [after_item, after_item, after_created, after_created, after_step]
+        found = self._page(query + sql.ROWS_ORDER, params, limit)
+        records = [step_record(r) for r in found]
+        last = found[-1] if found.more else None
+        return Page(records, None if last is None else self._cursor("rows", last[1], last[12], last[2]))
 
-    def held(self, job_id: str | None = None) -> list[HeldStep]:
-        """Steps the runner held for a human, in one job or in all."""
-        query: str = sql.HELD
-        params: tuple[str, ...] = ()
+    def held(self, job_id: str | None = None, *, limit: int | None = None, cursor: str | None = None) -> Page[HeldStep]:
+        """Steps the runner held for a human, in one job or in all, by job, item and step.
+        ``limit``/``cursor`` as for :meth:`jobs`."""
+        query, params = sql.HELD, []
         if job_id is not None:
-            query, params = query + " AND job_id = ?", (job_id,)
-        found = self._read(query + " ORDER BY 1, 2", params)
-        return [HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4]), version_text(r[5], r[6])) for r in found]
+            query, params = query + sql.HELD_JOB, [job_id]
+        if cursor is not None:
+            after_job, after_item, after_step = self._cursor_key(cursor, "held", (str, str, str))
+            query += sql.HELD_AFTER
+            params += [after_job, after_job, after_item, after_item, after_step]
+        found = self._page(query + sql.HELD_ORDER, params, limit)
+        held = [HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4]), version_text(r[5], r[6])) for r in found]
+        last = found[-1] if found.more else None
+        return Page(held, None if last is None else self._cursor("held", last[0], last[1], last[2]))
+
+    def _page(self, query: str, params: list[Any], limit: int | None) -> _Found:
+        """The rows of ``query``; with a limit, at most that many, and whether more follow."""
+        if limit is None:
+            return _Found(self._read(query, params), more=False)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+            raise PageError(f"limit must be a whole number from 1 to {MAX_PAGE}, not {str(limit)[:40]!r}")
+        found = self._read(query + " LIMIT ?", [*params, limit + 1])
+        return _Found(found[:limit], more=len(found) > limit)
+
+    @staticmethod
+    def _cursor(kind: str, *key: Any) -> str:
+        text = json.dumps([kind, *key], ensure_ascii=False, separators=(",", ":"))
+        return base64.urlsafe_b64encode(text.encode("utf-8")).decode("ascii").rstrip("=")
+
+    @staticmethod
+    def _cursor_key(cursor: object, kind: str, types: tuple[type, ...]) -> list[Any]:
+        """The key a cursor of ``kind`` carries, or :class:`PageError`."""
+        refused = PageError(f"cursor {str(cursor)[:40]!r} is not a {kind} cursor this journal gave; "
+                            "start again from the first page (no cursor)")
+        if not isinstance(cursor, str) or len(cursor) > 4 * MAX_JOB_ID_LENGTH:
+            raise refused
+        try:
+            key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError):
+            raise refused from None
+        if not isinstance(key, list) or len(key) != len(types) + 1 or key[0] != kind:
+            raise refused
+        values = key[1:]
+        for value, wanted in zip(values, types, strict=True):
+            if wanted is float and isinstance(value, int) and not isinstance(value, bool):
+                continue
+            if not isinstance(value, wanted) or isinstance(value, bool):
+                raise refused
+        return [float(v) if t is float else v for v, t in zip(values, types, strict=True)]
+
+    @staticmethod
+    def _check_text_arg(value: object, what: str) -> str:
+        if not isinstance(value, str) or not value or "\x00" in value:
+            raise PageError(f"{what} must be non-empty text without NUL, not {str(value)[:40]!r}")
+        return value
 
     def open_rows(self, job_id: str) -> list[StepRecord]:
         """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
@@ -544,30 +655,51 @@ class StepJournal:
 
     # -- housekeeping -------------------------------------------------------------------------
 
+    # Items deleted per transaction by prune: short enough that a run on the same journal waits
+    # milliseconds, not seconds, for its next mark's commit.
+    PRUNE_BATCH_ITEMS = 500
+
     def prune(self, older_than: timedelta) -> list[str]:
         """Forget finished jobs not updated for ``older_than``; returns the pruned job ids.
 
-        A job is finished when every row is SUCCEEDED and nothing is held. A job with held or
-        unresolved rows, or one running right now, is never pruned. A pruned job leaves a tombstone:
-        running it again under the same job_id is refused (it would re-send everything).
+        A job is finished when a run went through its whole batch, every row is SUCCEEDED and nothing
+        is held. A job with held or unresolved rows, or one running right now, is never pruned. A
+        pruned job leaves a tombstone: running it again under the same job_id is refused (it would
+        re-send everything). The tombstone is written first, then the rows are deleted in short
+        transactions of :attr:`PRUNE_BATCH_ITEMS` items, pausing between them so runs on the same
+        journal commit their marks meanwhile; a prune that was interrupted is finished by the next one.
         """
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError("older_than must be a non-negative datetime.timedelta, e.g. timedelta(days=30)")
         cutoff = time.time() - older_than.total_seconds()
-        pruned: list[str] = []
-        for (job_id,) in self._read(sql.PRUNE_CANDIDATES, (cutoff,)):
-            try:
-                claim = self._claim(job_id, runner="prune")
-            except JobBusyError:
-                continue  # running right now: not finished after all
-            try:
-                with self._write(durable=True) as tx:
-                    # Re-check inside the transaction: a run may have finished in between.
-                    if tx.one(sql.JOB_STILL_FINISHED, (job_id,)) is None:
-                        continue
-                    tx.run(sql.DELETE_JOB_STEPS, (job_id,))
-                    tx.run(sql.MARK_PRUNED, (time.time(), job_id))
-                pruned.append(job_id)
-            finally:
-                claim.release(remove=True)
+        pruned = [job_id for (job_id,) in self._read(sql.PRUNES_UNDER_WAY) if self._prune_job(job_id, resume=True)]
+        pruned += [job_id for (job_id,) in self._read(sql.PRUNE_CANDIDATES, (cutoff,))
+                   if self._prune_job(job_id, resume=False)]
         return pruned
+
+    def _prune_job(self, job_id: str, *, resume: bool) -> bool:
+        try:
+            claim = self._claim(job_id, runner="prune")
+        except JobBusyError:
+            return False  # running right now: not finished after all
+        try:
+            if not resume:
+                with self._write(durable=True) as tx:
+                    # Re-check under the claim: a run may have started and stopped in between.
+                    if tx.one(sql.JOB_STILL_FINISHED, (job_id,)) is None:
+                        return False
+                    tx.run(sql.MARK_PRUNED, (time.time(), job_id))
+            after = ""  # item ids are never empty: "" comes before every one
+            while True:
+                started = time.monotonic()
+                with self._write(durable=False) as tx:
+                    (last,) = tx.one(sql.PRUNE_BATCH_END, (job_id, after, self.PRUNE_BATCH_ITEMS)) or (None,)
+                    if last is not None:
+                        tx.run(sql.PRUNE_BATCH, (job_id, after, last))
+                if last is None:
+                    return True
+                after = last
+                # As long again as the batch took (at most 50 ms): writers waiting for the journal get in.
+                time.sleep(min(0.05, time.monotonic() - started))
+        finally:
+            claim.release(remove=True)

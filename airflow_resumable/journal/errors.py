@@ -39,7 +39,12 @@ class JournalDiskFullError(JournalError):
 
 
 class JournalVersionError(JournalError):
-    """The journal was written by a newer version of this provider."""
+    """The journal was written by a newer version of this provider, or (a shared journal) by an older
+    one and not migrated yet: ``airflow-resumable migrate``."""
+
+
+class PageError(JournalError, ValueError):
+    """A paged read was asked for with a bad ``limit`` or a ``cursor`` this journal did not give."""
 
 
 class JournalConnectionError(JournalError):

@@ -147,6 +147,7 @@ class PostgresJournal(StepJournal):
     """
 
     kind = "postgresql"
+    shared = True
 
     def __init__(
         self,
@@ -159,9 +160,12 @@ class PostgresJournal(StepJournal):
         allow_network_filesystem: bool = False,
         busy_timeout: float | None = None,
         readonly: bool = False,
+        migrate: bool = False,
     ) -> None:
         # allow_network_filesystem and busy_timeout belong to the SQLite engine: accepted, unused.
         # readonly: opening writes nothing here anyway (a SELECT-only role can open the journal).
+        # migrate: a shared journal is moved to this release's schema only when asked to (the
+        # `airflow-resumable migrate` command), never as a side effect of a task.
         super().__init__(durability)
         if psycopg is None:
             raise JournalError(
@@ -184,7 +188,7 @@ class PostgresJournal(StepJournal):
         self._lost: JournalConnectionError | None = None
         self._connect(url, connect_timeout)
         try:
-            self._migrate()
+            self._migrate(explicit=migrate)
             found = self._read(sql.JOURNAL_ID)
             self.journal_id = str(found[0][0])
         except BaseException:
@@ -239,13 +243,16 @@ class PostgresJournal(StepJournal):
         found = self._conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
         return None if found is None else int(found[0])
 
-    def _migrate(self) -> None:
+    def _migrate(self, *, explicit: bool) -> None:
         try:
             version = self._schema_version()
+            self.migrated_from = version
             if version is not None and version > SCHEMA_VERSION:
                 raise self._too_new(version)
             if version == SCHEMA_VERSION:
                 return  # nothing to write: a read-only role can open the journal
+            if version is not None and not explicit:
+                raise self._too_old(version)
             with self._conn.transaction():
                 # One migrator at a time, across hosts; the others find the work done.
                 self._conn.execute("SELECT pg_advisory_xact_lock(%s)", (_lock_key(self.schema, "(migrate)"),))
@@ -263,6 +270,7 @@ class PostgresJournal(StepJournal):
                     version = POSTGRES_FIRST_VERSION - 1
                 elif version > SCHEMA_VERSION:
                     raise self._too_new(version)
+                self.migrated_from = version if version >= POSTGRES_FIRST_VERSION else None
                 for target in range(version + 1, SCHEMA_VERSION + 1):
                     for statement in POSTGRES_MIGRATIONS[target]:
                         self._conn.execute(statement)
@@ -276,6 +284,14 @@ class PostgresJournal(StepJournal):
                 f"cannot open the journal schema {self.schema!r} in {self.location} ({type(exc).__name__}); "
                 "check that the user may use (or create) the schema and its tables."
             ) from None
+
+    def _too_old(self, version: int) -> JournalVersionError:
+        return JournalVersionError(
+            f"journal {self.location} has schema version {version}, and this airflow-provider-resumable needs "
+            f"version {SCHEMA_VERSION}. Nothing was sent. A shared journal is migrated once, on purpose, as "
+            "Airflow's own database is: run `airflow-resumable migrate` (the compose file's init service and "
+            "the README's Helm job do) once no worker of the previous release uses it."
+        )
 
     def _too_new(self, version: int) -> JournalVersionError:
         return JournalVersionError(

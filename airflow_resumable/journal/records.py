@@ -8,7 +8,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, NamedTuple
+from typing import Any, Generic, NamedTuple, TypeVar
 
 
 class Status(str, enum.Enum):
@@ -184,3 +184,25 @@ def step_record(row: Any) -> StepRecord:
         not_sent=bool(row[15]),
         version=version_text(row[16], row[12]),
     )
+
+
+T = TypeVar("T")
+
+# The largest page a paged read hands out (the UI page, the CLI and the JSON ask for 100 by default).
+MAX_PAGE = 10_000
+
+
+class Page(list[T], Generic[T]):
+    """One page of a listing: the records, and ``next_cursor`` for the next page (``None`` on the last).
+
+    The cursor is opaque text: pass it back as ``cursor=`` with the same filters. Pages are cut by the
+    records' keys (never by position), so paging through a list that changes meanwhile shows every
+    record that stays in it exactly once.
+    """
+
+    def __init__(self, records: Any = (), next_cursor: str | None = None) -> None:
+        super().__init__(records)
+        self.next_cursor = next_cursor
+
+    def __repr__(self) -> str:
+        return f"Page({list.__repr__(self)}, next_cursor={self.next_cursor!r})"

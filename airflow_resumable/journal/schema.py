@@ -7,7 +7,7 @@ by a newer release and is refused, never downgraded.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # Version 4: when a run last went through the whole batch (NULL while a run is under way, and after
 # one that stopped or died part way: such a job shows as not finished and is never pruned). Jobs
@@ -34,6 +34,129 @@ _GENERATIONS = (
 _VERSIONS = (
     "ALTER TABLE steps ADD COLUMN version INTEGER NOT NULL DEFAULT 1",
     "ALTER TABLE jobs ADD COLUMN dag_id TEXT",
+)
+
+# Version 7 (fleet scale): every job carries its own counts - items, rows per status, held rows, and
+# unresolved sends (side-effect rows neither SUCCEEDED nor held nor provably unsent) - kept by triggers
+# on steps in the very transaction that changes a row, whoever changes it (a run, a resolution, prune,
+# a hand-written statement). Reading a job's summary then reads no step rows. The migration counts
+# once. The held index gains the step, the last part of the held list's order (its pages' key), and
+# jobs get an index for the jobs list's order (newest first: creation time never changes, so a page
+# boundary never moves while the list is paged).
+COUNTERS = ("n_items", "n_in_flight", "n_succeeded", "n_failed", "n_held", "n_unresolved")
+# Whether a row r counts as an unresolved send (the jobs summary's "unresolved").
+_UNRESOLVED = "({r}.held_reason IS NULL AND {r}.side_effect = 1 AND {r}.status != 'SUCCEEDED' AND {r}.not_sent = 0)"
+# What one row adds to each status / hold counter, in COUNTERS[1:] order.
+_ROW_COUNTS = (
+    "({r}.status = 'IN_FLIGHT')", "({r}.status = 'SUCCEEDED')", "({r}.status = 'FAILED')",
+    "({r}.held_reason IS NOT NULL)", _UNRESOLVED,
+)
+
+
+def _row_counts(row: str, cast: str = "") -> list[str]:
+    return [f"{term.format(r=row)}{cast}" for term in _ROW_COUNTS]
+
+
+_RECOUNT_SUMS = ", ".join(f"coalesce(sum(CASE WHEN {t} THEN 1 ELSE 0 END), 0) AS {c}"
+                          for t, c in zip(_row_counts("steps"), COUNTERS[1:], strict=True))
+_RECOUNT_SELECT = f"""SELECT job_id AS counted_job, count(DISTINCT item_id) AS n_items, {_RECOUNT_SUMS}
+FROM steps GROUP BY job_id"""
+
+
+def _counters(integer: str) -> tuple[str, ...]:
+    return (
+        *(f"ALTER TABLE jobs ADD COLUMN {c} {integer} NOT NULL DEFAULT 0" for c in COUNTERS),
+        f"""UPDATE jobs SET {", ".join(f"{c} = counted.{c}" for c in COUNTERS)}
+            FROM ({_RECOUNT_SELECT}) AS counted
+            WHERE jobs.job_id = counted.counted_job""",
+        "DROP INDEX steps_held",
+        "CREATE INDEX steps_held ON steps (job_id, item_id, step) WHERE held_reason IS NOT NULL",
+        "CREATE INDEX jobs_by_created ON jobs (created_at, job_id)",
+    )
+
+
+def recount_statement() -> str:
+    """Each job's counts as the triggers keep them, counted from its step rows (tests compare the two)."""
+    return _RECOUNT_SELECT
+
+
+_SQLITE_NEW_ITEM = (
+    "NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = NEW.job_id AND s.item_id = NEW.item_id AND s.step != NEW.step)"
+)
+_SQLITE_COUNTERS = (
+    *_counters("INTEGER"),
+    # A row is never moved to another job, item or step (no statement does): the counts rely on it.
+    """CREATE TRIGGER steps_key_fixed BEFORE UPDATE OF job_id, item_id, step, created_at ON steps
+       BEGIN SELECT RAISE(ABORT, 'a step row keeps its job, item, step and creation time'); END""",
+    f"""CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps BEGIN
+       INSERT INTO jobs (job_id, created_at, updated_at, {", ".join(COUNTERS)})
+       VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, {_SQLITE_NEW_ITEM}, {", ".join(_row_counts("NEW"))})
+       ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTERS)};
+       END""",
+    f"""CREATE TRIGGER steps_counted_update AFTER UPDATE ON steps
+       WHEN OLD.status != NEW.status OR OLD.held_reason IS NOT NEW.held_reason OR OLD.side_effect != NEW.side_effect
+         OR OLD.not_sent != NEW.not_sent
+       BEGIN
+       UPDATE jobs SET {", ".join(f"{c} = {c} + {new} - {old}" for c, new, old in
+                                  zip(COUNTERS[1:], _row_counts("NEW"), _row_counts("OLD"), strict=True))}
+       WHERE job_id = NEW.job_id;
+       END""",
+    f"""CREATE TRIGGER steps_counted_delete AFTER DELETE ON steps BEGIN
+       UPDATE jobs SET n_items = n_items - NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = OLD.job_id
+                                                                          AND s.item_id = OLD.item_id),
+                       {", ".join(f"{c} = {c} - {old}" for c, old in zip(COUNTERS[1:], _row_counts("OLD"), strict=True))}
+       WHERE job_id = OLD.job_id;
+       END""",
+)
+
+# PostgreSQL: a trigger per row for inserts and updates - a run's statements are mostly of one or a few
+# rows, where a statement trigger's transition tables and aggregate cost twice the statement itself -
+# and one per statement for deletions (prune deletes thousands of rows at a time). A row trigger runs at
+# the end of its statement, when the statement's other rows are visible: an item is counted by its first
+# row in (created_at, step) order, which never changes (no statement moves created_at).
+_PG_NEW_ITEM = """NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = NEW.job_id AND s.item_id = NEW.item_id
+                                 AND (s.created_at, s.step) < (NEW.created_at, NEW.step))"""
+_PG_SUMS = ", ".join(f"count(*) FILTER (WHERE {t})" for t in _row_counts("r"))
+_PG_COUNTERS = (
+    *_counters("BIGINT"),
+    """CREATE FUNCTION steps_key_fixed() RETURNS trigger LANGUAGE plpgsql AS
+       'BEGIN RAISE EXCEPTION ''a step row keeps its job, item, step and creation time''; END'""",
+    """CREATE TRIGGER steps_key_fixed BEFORE UPDATE OF job_id, item_id, step, created_at ON steps
+       FOR EACH ROW EXECUTE FUNCTION steps_key_fixed()""",
+    f"""CREATE FUNCTION steps_counted_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         INSERT INTO jobs AS j (job_id, created_at, updated_at, {", ".join(COUNTERS)})
+         VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, ({_PG_NEW_ITEM})::int,
+                 {", ".join(f"{t}::int" for t in _row_counts("NEW"))})
+         ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = j.{c} + excluded.{c}" for c in COUNTERS)};
+         RETURN NULL;
+       END $$""",
+    """CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps
+       FOR EACH ROW EXECUTE FUNCTION steps_counted_insert()""",
+    f"""CREATE FUNCTION steps_counted_update() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         UPDATE jobs SET {", ".join(f"{c} = {c} + {new}::int - {old}::int" for c, new, old in
+                                    zip(COUNTERS[1:], _row_counts("NEW"), _row_counts("OLD"), strict=True))}
+         WHERE job_id = NEW.job_id;
+         RETURN NULL;
+       END $$""",
+    """CREATE TRIGGER steps_counted_update AFTER UPDATE ON steps FOR EACH ROW
+       WHEN (OLD.status != NEW.status OR OLD.held_reason IS DISTINCT FROM NEW.held_reason
+             OR OLD.side_effect != NEW.side_effect OR OLD.not_sent != NEW.not_sent)
+       EXECUTE FUNCTION steps_counted_update()""",
+    f"""CREATE FUNCTION steps_counted_delete() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         UPDATE jobs AS j SET {", ".join(f"{c} = j.{c} - d.{c}" for c in COUNTERS)}
+         FROM (SELECT r.job_id,
+                      count(DISTINCT r.item_id) FILTER (WHERE NOT EXISTS (
+                          SELECT 1 FROM steps s WHERE s.job_id = r.job_id AND s.item_id = r.item_id)),
+                      {_PG_SUMS}
+               FROM deleted r GROUP BY r.job_id) AS d (job_id, {", ".join(COUNTERS)})
+         WHERE j.job_id = d.job_id;
+         RETURN NULL;
+       END $$""",
+    """CREATE TRIGGER steps_counted_delete AFTER DELETE ON steps REFERENCING OLD TABLE AS deleted
+       FOR EACH STATEMENT EXECUTE FUNCTION steps_counted_delete()""",
 )
 
 SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -105,6 +228,7 @@ SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: _finished_at("REAL"),
     5: _GENERATIONS,
     6: _VERSIONS,
+    7: _SQLITE_COUNTERS,
 }
 
 # PostgreSQL journals start at version 3, the same tables and meaning as SQLite's version 3. The
@@ -165,4 +289,5 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
     4: _finished_at("DOUBLE PRECISION"),
     5: _GENERATIONS,
     6: _VERSIONS,
+    7: _PG_COUNTERS,
 }

@@ -103,6 +103,7 @@ class SqliteJournal(StepJournal):
     """
 
     kind = "sqlite"
+    shared = False
 
     def __init__(
         self,
@@ -115,9 +116,11 @@ class SqliteJournal(StepJournal):
         claim_timeout: float | None = None,
         connect_timeout: float | None = None,
         readonly: bool = False,
+        migrate: bool = False,
     ) -> None:
         # schema, claim_timeout and connect_timeout belong to the PostgreSQL engine: accepted (a
-        # configuration may name them for either engine) and unused here.
+        # configuration may name them for either engine) and unused here. A SQLite journal belongs to
+        # one worker, which moves it to its release's schema when it opens it (migrate or not).
         super().__init__(durability)
         # The file itself, not the path as written: the job locks live next to it, and two paths to
         # one file (a symlink, "a/../a", another relative path) must meet at the same locks.
@@ -270,6 +273,7 @@ class SqliteJournal(StepJournal):
     def _migrate(self) -> None:
         conn = self._connection
         version = conn.execute("PRAGMA user_version").fetchone()[0]
+        self.migrated_from = version or None
         if version > SCHEMA_VERSION:
             raise JournalVersionError(
                 f"journal {self.path} has schema version {version}, but this airflow-provider-resumable "

@@ -146,26 +146,39 @@ def lookup_rows(count: int) -> str:
                WHERE job_id = ? AND item_id IN ({','.join('?' * count)})"""
 
 
-JOB_SUMMARIES = """
-SELECT j.job_id, j.created_at, j.updated_at, j.pruned_at,
-       count(s.step), count(DISTINCT s.item_id),
-       count(CASE WHEN s.status = 'IN_FLIGHT' THEN 1 END),
-       count(CASE WHEN s.status = 'SUCCEEDED' THEN 1 END),
-       count(CASE WHEN s.status = 'FAILED' THEN 1 END),
-       count(CASE WHEN s.held_reason IS NOT NULL THEN 1 END),
-       count(CASE WHEN s.held_reason IS NULL AND s.side_effect = 1 AND s.status != 'SUCCEEDED'
-                  AND s.not_sent = 0 THEN 1 END),
-       j.finished_at, j.dag_id
-FROM jobs j LEFT JOIN steps s ON s.job_id = j.job_id
-{where}
-GROUP BY j.job_id, j.created_at, j.updated_at, j.pruned_at, j.finished_at, j.dag_id ORDER BY j.updated_at DESC
-"""
+# A job's summary is its own row: the counts are kept by triggers (schema version 7), no step row is read.
+JOB_SUMMARY_COLUMNS = """job_id, created_at, updated_at, pruned_at, n_items, n_in_flight, n_succeeded, n_failed,
+    n_held, n_unresolved, finished_at, dag_id"""
+JOB_SUMMARY = f"SELECT {JOB_SUMMARY_COLUMNS} FROM jobs WHERE job_id = ?"
+# The jobs list, newest first: (created_at, job_id) never changes, so a page's key stays where it was.
+JOBS = f"SELECT {JOB_SUMMARY_COLUMNS} FROM jobs WHERE 1 = 1"
+JOBS_AFTER = " AND (created_at < ? OR (created_at = ? AND job_id < ?))"
+JOBS_ORDER = " ORDER BY created_at DESC, job_id DESC"
+# A job's status (JobSummary.status) as a condition on its row.
+_LIVE = "pruned_at IS NULL"
+_SETTLED = "n_held = 0 AND n_unresolved = 0 AND n_failed = 0"
+JOB_STATUS_WHERE = {
+    "pruned": "pruned_at IS NOT NULL",
+    "needs_review": f"{_LIVE} AND n_held > 0",
+    "incomplete": f"{_LIVE} AND n_held = 0 AND (n_unresolved > 0 OR n_failed > 0)",
+    "unfinished": f"{_LIVE} AND {_SETTLED} AND finished_at IS NULL",
+    "completed": f"{_LIVE} AND {_SETTLED} AND finished_at IS NOT NULL",
+}
 
-JOB_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? ORDER BY item_id, created_at"
-ITEM_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND item_id = ? ORDER BY created_at"
+# A job's rows in one order whatever the page size: by item, then in the order its steps were first
+# written (created_at never changes), then by name. Pages go on after the last row's key.
+JOB_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ?"
+ROWS_ITEM = " AND item_id = ?"
+ROWS_STATUS = " AND status = ?"
+# item_id >= ? bounds the index range; the row value picks up after the last row shown.
+ROWS_AFTER = " AND item_id >= ? AND (item_id > ? OR created_at > ? OR (created_at = ? AND step > ?))"
+ROWS_ORDER = " ORDER BY item_id, created_at, step"
 OPEN_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id, step"
 HELD = """SELECT job_id, item_id, step, held_reason, generation, version, created_at FROM steps
           WHERE held_reason IS NOT NULL"""
+HELD_JOB = " AND job_id = ?"
+HELD_AFTER = " AND job_id >= ? AND (job_id > ? OR item_id > ? OR (item_id = ? AND step > ?))"
+HELD_ORDER = " ORDER BY job_id, item_id, step"
 RESOLUTIONS = """
 SELECT id, job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,
        previous_status, previous_held_reason
@@ -213,16 +226,20 @@ VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 """
 JOB_UPDATED = "UPDATE jobs SET updated_at = ? WHERE job_id = ?"
 
-UNFINISHED_JOB = "(status != 'SUCCEEDED' OR held_reason IS NOT NULL)"
+# A finished job: a run went through the whole batch, and every row is SUCCEEDED with nothing held.
+FINISHED_JOB = "finished_at IS NOT NULL AND n_in_flight = 0 AND n_failed = 0 AND n_held = 0"
 PRUNE_CANDIDATES = f"""
-SELECT job_id FROM jobs j WHERE pruned_at IS NULL AND finished_at IS NOT NULL AND updated_at < ?
-AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = j.job_id AND {UNFINISHED_JOB})
+SELECT job_id FROM jobs WHERE pruned_at IS NULL AND updated_at < ? AND {FINISHED_JOB} ORDER BY created_at, job_id
 """
-JOB_STILL_FINISHED = f"""
-SELECT 1 FROM jobs j WHERE j.job_id = ? AND j.finished_at IS NOT NULL
-AND NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = j.job_id AND {UNFINISHED_JOB})
-"""
-DELETE_JOB_STEPS = "DELETE FROM steps WHERE job_id = ?"
+JOB_STILL_FINISHED = f"SELECT 1 FROM jobs WHERE job_id = ? AND pruned_at IS NULL AND {FINISHED_JOB}"
+# A prune marks the job pruned first (so no run of it starts on a part of its history), then deletes its
+# rows a bounded batch per transaction; one that was interrupted is finished by the next prune.
+PRUNES_UNDER_WAY = "SELECT job_id FROM jobs WHERE pruned_at IS NOT NULL AND n_items > 0 ORDER BY created_at, job_id"
+# The last item of the next batch of at most ? items after the given one ("" before the first), and the
+# deletion of the batch: a range of the primary key.
+PRUNE_BATCH_END = """SELECT max(item_id) FROM (SELECT item_id FROM steps WHERE job_id = ? AND item_id > ?
+                                        GROUP BY item_id ORDER BY item_id LIMIT ?) AS batch"""
+PRUNE_BATCH = "DELETE FROM steps WHERE job_id = ? AND item_id > ? AND item_id <= ?"
 MARK_PRUNED = "UPDATE jobs SET pruned_at = ? WHERE job_id = ?"
 
 JOURNAL_ID = "SELECT value FROM meta WHERE key = 'journal_id'"

@@ -256,7 +256,7 @@ class ResumableBatchOperator(BaseOperator):
         resumes; a try configured with a *different* journal than the one that holds the job is
         refused all the same.
         """
-        shared = journal.kind != "sqlite"
+        shared = journal.shared
         here = {"host": hostname, "journal": journal.location, "journal_id": journal.journal_id, "shared": shared}
         store = context.get("task_state_store")
         recorded = store.get(STATE_STORE_KEY) if store is not None else None
@@ -357,7 +357,7 @@ def _parse_rendered_items(rendered: Any, task_id: str) -> Any:
 def _summary(result: BatchResult, journal: StepJournal, hostname: str) -> dict[str, Any]:
     return {
         "job_id": result.job_id,
-        "journal_path": str(journal.path) if journal.kind == "sqlite" else None,
+        "journal_path": None if journal.shared else str(getattr(journal, "path", journal.location)),
         "journal": journal.location,  # a path, or the shared journal's server and schema (no password)
         "journal_kind": journal.kind,
         "journal_id": journal.journal_id,
