@@ -21,7 +21,8 @@ CORE_TESTS = tests/test_article_scenario.py tests/test_bad_input.py tests/test_c
 	tests/test_decide.py tests/test_durability.py tests/test_job_lock.py tests/test_journal.py \
 	tests/test_postgres_failures.py tests/test_postgres_journal.py tests/test_properties.py \
 	tests/test_receipt_log.py tests/test_secrets.py tests/test_shared_journal.py tests/test_three_way_verify.py \
-	tests/test_bulk_resolution.py tests/test_generations.py tests/test_stop.py tests/test_versions.py tests/test_decision_input.py tests/test_stale_decisions.py
+	tests/test_bulk_resolution.py tests/test_generations.py tests/test_stop.py tests/test_versions.py tests/test_decision_input.py tests/test_stale_decisions.py \
+	tests/test_fleet_scale.py
 # A Python of that minor: pyenv's, else one on PATH.
 python_for = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) $(shell command -v python$(1)))
 

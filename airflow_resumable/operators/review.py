@@ -110,18 +110,20 @@ class ReviewHeldItemsOperator(HITLOperator):
                                         batch_task_id=self.batch_task_id)
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         with open_batch_journal(target, owner=self.task_id, recorded_id=recorded_id) as journal:
-            held = journal.held(job_id)
-            shown = held[: self.max_items]
+            # One page of holds, however many a receiver outage left; the job's own count says how many.
+            shown = list(journal.held(job_id, limit=self.max_items))
+            summary = journal.job(job_id)
             rows = {(r.item_id, r.step): r for item_id in dict.fromkeys(h.item_id for h in shown)
                     for r in journal.rows(job_id, item_id)}
             journal_id = journal.journal_id
-        if not held:
+        if not shown:
             self.log.info("Job %s has nothing held: nothing to review", job_id)
             return {"job_id": job_id, "held": 0, "applied": 0}
+        held = max(len(shown), summary.held if summary is not None else 0)
         self.log.info("Job %s: %d held item(s); asking for a decision on %d in Required actions",
-                      job_id, len(held), len(shown))
+                      job_id, held, len(shown))
         self.params = ParamsDict(review_params(shown))
-        self.body = review_body(job_id, shown, rows, more=len(held) - len(shown))
+        self.body = review_body(job_id, shown, rows, more=held - len(shown))
         # What the human is shown, each held step's version included: a response is applied only to
         # steps that have not changed since (see execute_complete).
         context["ti"].xcom_push(key=REVIEW_XCOM_KEY, value={
