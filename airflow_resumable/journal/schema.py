@@ -123,12 +123,20 @@ _PG_COUNTERS = (
        'BEGIN RAISE EXCEPTION ''a step row keeps its job, item, step and creation time''; END'""",
     """CREATE TRIGGER steps_key_fixed BEFORE UPDATE OF job_id, item_id, step, created_at ON steps
        FOR EACH ROW EXECUTE FUNCTION steps_key_fixed()""",
+    # The job's row is there already but for its very first rows (a plain UPDATE is the cheap case).
     f"""CREATE FUNCTION steps_counted_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+       DECLARE
+         new_item int := ({_PG_NEW_ITEM})::int;
        BEGIN
-         INSERT INTO jobs AS j (job_id, created_at, updated_at, {", ".join(COUNTERS)})
-         VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, ({_PG_NEW_ITEM})::int,
-                 {", ".join(f"{t}::int" for t in _row_counts("NEW"))})
-         ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = j.{c} + excluded.{c}" for c in COUNTERS)};
+         UPDATE jobs SET n_items = n_items + new_item,
+                         {", ".join(f"{c} = {c} + {t}::int" for c, t in zip(COUNTERS[1:], _row_counts("NEW"), strict=True))}
+         WHERE job_id = NEW.job_id;
+         IF NOT FOUND THEN
+           INSERT INTO jobs AS j (job_id, created_at, updated_at, {", ".join(COUNTERS)})
+           VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, new_item,
+                   {", ".join(f"{t}::int" for t in _row_counts("NEW"))})
+           ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = j.{c} + excluded.{c}" for c in COUNTERS)};
+         END IF;
          RETURN NULL;
        END $$""",
     """CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps
