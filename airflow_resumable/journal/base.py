@@ -326,12 +326,22 @@ class StepJournal:
         """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
         return [step_record(r) for r in self._read(sql.OPEN_ROWS, (job_id,))]
 
-    def resolutions(self, job_id: str) -> list[Resolution]:
-        """The append-only audit log of resolutions for a job, oldest first."""
-        return [
-            Resolution(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], ts(r[8]), r[9], r[10])
-            for r in self._read(sql.RESOLUTIONS, (job_id,))
-        ]
+    def resolutions(
+        self, job_id: str, *, limit: int | None = None, cursor: str | None = None, newest_first: bool = False,
+    ) -> Page[Resolution]:
+        """The append-only audit log of resolutions for a job, oldest first (``newest_first``: the latest
+        first). ``limit``/``cursor`` as for :meth:`jobs`."""
+        query, params = sql.RESOLUTIONS, [job_id]
+        kind = "resolutions-desc" if newest_first else "resolutions"
+        if cursor is not None:
+            (after,) = self._cursor_key(cursor, kind, (int,))
+            query += sql.RESOLUTIONS_BEFORE if newest_first else sql.RESOLUTIONS_AFTER
+            params.append(after)
+        query += sql.RESOLUTIONS_NEWEST_FIRST if newest_first else sql.RESOLUTIONS_ORDER
+        found = self._page(query, params, limit)
+        records = [Resolution(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], ts(r[8]), r[9], r[10])
+                   for r in found]
+        return Page(records, self._cursor(kind, records[-1].id) if found.more else None)
 
     # -- resolution API -----------------------------------------------------------------------
 

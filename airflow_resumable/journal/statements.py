@@ -179,11 +179,15 @@ HELD = """SELECT job_id, item_id, step, held_reason, generation, version, create
 HELD_JOB = " AND job_id = ?"
 HELD_AFTER = " AND job_id >= ? AND (job_id > ? OR item_id > ? OR (item_id = ? AND step > ?))"
 HELD_ORDER = " ORDER BY job_id, item_id, step"
+# A job's audit log by its index (job_id, id): oldest first, or newest first for the latest few.
 RESOLUTIONS = """
 SELECT id, job_id, item_id, step, decision, receipt, note, resolved_by, resolved_at,
        previous_status, previous_held_reason
-FROM resolutions WHERE job_id = ? ORDER BY id
-"""
+FROM resolutions WHERE job_id = ?"""
+RESOLUTIONS_AFTER = " AND id > ?"
+RESOLUTIONS_BEFORE = " AND id < ?"
+RESOLUTIONS_ORDER = " ORDER BY id"
+RESOLUTIONS_NEWEST_FIRST = " ORDER BY id DESC"
 
 RESOLVABLE_STEP = """
 SELECT side_effect, status, held_reason, not_sent, version, created_at, attempts, generation FROM steps
