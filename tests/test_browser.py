@@ -301,3 +301,82 @@ def test_several_held_items_settled_from_the_job_page(airflow_up):
         audit = {a.item_id: (a.decision, a.receipt, a.resolved_by) for a in journal.resolutions(job_id)}
         assert audit == {"item-a": ("delivered", "rcpt-a-77", "admin"), "item-b": ("not_delivered", None, "admin")}
         assert [h.item_id for h in journal.held(job_id)] == ["item-c"]
+
+
+# Every element that could be cut off, and the right edge it must stay within: the window's, or that of
+# the scrolling box a table sits in (a cell past it is hidden until scrolled to).
+CUT_OFF = """() => {
+  const width = document.documentElement.clientWidth, out = [];
+  for (const el of document.querySelectorAll("td, th, a, button, .button, select, input, textarea, h1, h2")) {
+    const box = el.getBoundingClientRect();
+    if (!box.width && !box.height) continue;  // not shown (a narrow screen's table headers)
+    const scroller = el.closest(".scroll");
+    const edge = scroller ? Math.min(width, scroller.getBoundingClientRect().right) : width;
+    if (box.right > edge + 0.5) {
+      out.push(`${el.tagName}.${el.className} ends at ${Math.round(box.right)} > ${Math.round(edge)}: `
+               + el.textContent.trim().slice(0, 40));
+    }
+  }
+  const wide = document.documentElement.scrollWidth;
+  if (wide > width) out.push(`the page scrolls sideways: ${wide} > ${width}`);
+  return out;
+}"""
+
+
+def test_a_job_of_1000_held_items_pages_in_the_browser_and_nothing_is_cut_off(airflow_up):
+    """Next links visit each of 1,000 held steps once (100 a page), Previous goes back, the jobs list
+    filters by status and DAG with its form, and in Airflow's UI frame at 1280 and 390 px no cell or
+    button reaches past the frame's (or its table box's) right edge."""
+    from playwright.sync_api import expect
+
+    from tests.test_ui_paging import fill
+
+    server = airflow_up
+    job_id = "article_resumable/send/manual__2026-12-04T10:11:12.123456+00:00-thousand-held"
+    held = [f"item-{i:07d}" for i in range(1000)]
+    fill(server.journal, [job_id], range(1000), dag_id="article_resumable", held_every=1, step=STEP)
+    fill(server.journal, ["paging_other/send/done"], range(3), dag_id="paging_other")
+    admin = airflow_server.token(server.url, "admin")
+    job_url = f"{server.url}/resumable/jobs/{urllib.request.quote(job_id, safe='')}"
+    with signed_in_page(server.url, admin) as page:
+        page.goto(job_url)
+        seen, first_pages = [], []
+        while True:
+            items = page.locator("table.held tbody tr").evaluate_all("rows => rows.map(r => r.dataset.item)")
+            seen += items
+            first_pages.append(items[0])
+            following = page.locator("nav.pager a.next")
+            if not following.count():
+                break
+            following.click()
+        assert seen == held and len(first_pages) == 10  # every held step once, in order, 100 a page
+        page.locator("nav.pager a.previous").click()
+        expect(page.locator("table.held tbody tr").first).to_have_attribute("data-item", first_pages[-2])
+        page.locator("nav.pager a.previous").click()
+        expect(page.locator("table.held tbody tr").first).to_have_attribute("data-item", first_pages[-3])
+
+        page.goto(server.url + "/resumable/")
+        page.locator("#filter-status").select_option("needs_review")
+        page.locator("#filter-apply").click()
+        listed = page.locator("#jobs tbody tr")
+        expect(listed.first).to_contain_text("needs review")
+        assert set(listed.locator(".badge").all_inner_texts()) == {"needs review"}
+        assert job_id in page.locator("#jobs").inner_text().replace("\n", "")
+        page.locator("#filter-status").select_option("")
+        page.locator("#filter-dag").fill("paging_other")
+        page.locator("#filter-apply").click()
+        expect(listed).to_have_count(1)
+        expect(listed.first).to_contain_text("paging_other/send/done")
+
+        # Inside Airflow's UI, as an on-call engineer sees it: the page in the "Resumable jobs" frame.
+        for width, height in ((1280, 900), (390, 844)):
+            page.set_viewport_size({"width": width, "height": height})
+            for name, path in (("job", job_url), ("jobs", server.url + "/resumable/?status=needs_review")):
+                page.goto(server.url + "/plugin/resumable-jobs")
+                inner = page.frame_locator('iframe[title="Resumable jobs"]')
+                expect(inner.locator("nav.crumbs")).to_be_visible(timeout=60_000)  # the frame's own page loaded
+                frame = page.locator('iframe[title="Resumable jobs"]').element_handle().content_frame()
+                frame.goto(path)
+                expect(inner.locator("table.held").first).to_be_visible(timeout=60_000)
+                assert frame.evaluate(CUT_OFF) == [], (width, name)
+                shoot(page, f"paging-{name}-in-airflow-{width}")

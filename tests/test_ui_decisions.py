@@ -9,6 +9,7 @@ only, `payments_editor` DAG `payments` only; `admin` may do anything, `viewer` r
 
 from __future__ import annotations
 
+import base64
 import functools
 import json
 import os
@@ -357,3 +358,46 @@ def test_an_id_in_a_url_that_can_name_nothing_is_an_unknown_job_on_either_engine
                  "/resolve?" + urlencode({"job_id": job, "item_id": "a\x00", "step": "send"})):
         status, body = page.get(path)
         assert status == 404 and len(body) < 200, (path, status, body)
+
+
+# ------------------------------------------------------------------------------------- paging
+
+
+def _sent(item: Mapping[str, Any], ctx: StepContext) -> str:
+    return f"rcpt-{item['id']}"
+
+
+def test_a_viewer_of_one_dag_pages_through_its_jobs_alone_and_no_cursor_names_another_dags_job(page):
+    made: dict[str, list[str]] = {"payments": [], "reports": []}
+    with StepJournal(page.journal) as journal:
+        for n in range(7):  # payments' jobs between two of reports' each time: pages of 3 read past them
+            for dag in ("reports", "payments", "reports"):
+                job = f"{dag}/send/paged-{n}-{len(made[dag])}"
+                run_batch(journal, job, [{"id": "a"}], [Step("send", _sent, side_effect=True)], dag_id=dag)
+                made[dag].append(job)
+
+    def pages(query: dict[str, Any]) -> list[dict[str, Any]]:
+        found, cursor = [], None
+        for _ in range(100):
+            data = page.json("/jobs.json?" + urlencode({**query, **({"cursor": cursor} if cursor else {})}),
+                             "payments_editor")
+            found.append(data)
+            cursor = data["next"]
+            if cursor is None:
+                return found
+            # The cursor is the journal's key of the page's last job: one the viewer may see.
+            key = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+            assert not any(other in key for other in made["reports"]), key
+        raise AssertionError("the jobs list never ended")
+
+    listed = pages({"limit": 3})
+    shown = [j for data in listed for j in data["jobs"]]
+    assert {j["dag_id"] for j in shown} == {"payments"}
+    assert len(shown) == len({j["job_id"] for j in shown}) and set(made["payments"]) <= {j["job_id"] for j in shown}
+    assert all(len(data["jobs"]) == 3 for data in listed[:-1])  # full pages; only the last may be short
+    assert {h["job_id"] for data in listed for h in data["held"]} <= {j["job_id"] for j in shown}
+    # Filtered by their own DAG, the same jobs; by a DAG they may not read, none (and no cursor).
+    assert [j["job_id"] for data in pages({"limit": 4, "dag_id": "payments"}) for j in data["jobs"]] == [
+        j["job_id"] for j in shown]
+    assert page.json("/jobs.json?dag_id=reports", "payments_editor") | {"journal_path": None, "hostname": None} == {
+        "journal_path": None, "hostname": None, "jobs": [], "held": [], "held_total": 0, "limit": 100, "next": None}

@@ -18,11 +18,12 @@ import secrets
 import socket
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode
 
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse
 from jinja2 import Environment, PackageLoader
@@ -39,21 +40,31 @@ from airflow_resumable.journal import (
     JobSummary,
     JournalError,
     NotHeldError,
+    Page,
+    PageError,
     Resolution,
     ResolutionError,
     StaleDecisionError,
+    Status,
     StepJournal,
     StepRecord,
 )
-from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
+from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH, MAX_PAGE
 from airflow_resumable.runner import idempotency_key
 
 URL_PREFIX = "/resumable"
-# The page stays small for a job with 50,000 held items; the JSON says how many were left out.
-MAX_OPEN_ROWS = 500
+# Every list the page and its JSON show is one page of the journal's keyset pages: what a view costs
+# stays the same however big the journal grows. ``?limit=`` asks for up to MAX_PAGE.
+DEFAULT_PAGE = 100
 MAX_RESOLUTIONS = 50
-# "Resolve several" posts at most the rows the page shows; each entry becomes an audit row with the note.
-MAX_DECISIONS_PER_REQUEST = MAX_OPEN_ROWS
+# "Resolve several" posts the rows given a decision (at most the page's); each becomes an audit row.
+MAX_DECISIONS_PER_REQUEST = 500
+# "Previous" links carry the cursors of the pages before (the journal's pages only go forward). The
+# trail is bounded so that the URL stays short; past it, "Previous" goes back to the first page.
+MAX_TRAIL_CHARS = 4000
+# The filters the jobs list offers: JobSummary.status and the row statuses.
+JOB_STATUSES = ("needs_review", "incomplete", "unfinished", "completed", "pruned")
+ROW_STATUSES = tuple(Status.__members__)
 
 _templates = Environment(
     loader=PackageLoader("airflow_resumable.plugins", "templates"),
@@ -251,23 +262,116 @@ def _readable_job(journal: StepJournal | None, job_id: str, viewer: Viewer) -> J
     return job
 
 
-def _job_detail(journal: StepJournal | None, job: JobSummary) -> dict[str, Any]:
-    assert journal is not None
-    open_rows = journal.open_rows(job.job_id)
-    resolutions = journal.resolutions(job.job_id)
-    return {
-        "job": _job_dict(job),
-        "open_rows": [_row_dict(r) for r in open_rows[:MAX_OPEN_ROWS]],
-        "open_rows_total": len(open_rows),
-        "resolutions": [
-            {"item_id": r.item_id, "step": r.step, "decision": r.decision, "receipt": r.receipt,
-             "note": r.note, "resolved_by": r.resolved_by, "resolved_at": r.resolved_at.isoformat()}
-            for r in resolutions[-MAX_RESOLUTIONS:]
-        ],
-    }
+def _resolutions(journal: StepJournal, job_id: str) -> list[dict[str, Any]]:
+    return [
+        {"item_id": r.item_id, "step": r.step, "decision": r.decision, "receipt": r.receipt,
+         "note": r.note, "resolved_by": r.resolved_by, "resolved_at": r.resolved_at.isoformat()}
+        for r in reversed(journal.resolutions(job_id, limit=MAX_RESOLUTIONS, newest_first=True))
+    ]
+
+
+# ------------------------------------------------------------------------------------ paging
+
+
+@dataclass(frozen=True)
+class Paging:
+    """Which page of a list is asked for: at most ``limit`` records after ``cursor`` (None: the first
+    page), and ``back``, the cursors of the pages between the first and this one, for "Previous"."""
+
+    limit: int
+    cursor: str | None
+    back: tuple[str, ...]
+
+    @property
+    def previous(self) -> tuple[str | None, tuple[str, ...]] | None:
+        """(cursor, back) of the page before this one (cursor None: the first page); None on the first."""
+        if self.cursor is None:
+            return None
+        if not self.back:
+            return None, ()
+        return self.back[-1], self.back[:-1]
+
+    def following(self, next_cursor: str) -> tuple[str, tuple[str, ...]]:
+        """(cursor, back) of the page after this one."""
+        back = [*self.back, self.cursor] if self.cursor is not None else []
+        while len(".".join(back)) > MAX_TRAIL_CHARS:
+            del back[0]  # the oldest: "Previous" from the oldest page kept goes to the first page
+        return next_cursor, tuple(back)
+
+
+def _cursor_text(value: str, what: str) -> str:
+    # The journal's cursors are URL-safe base64 ('.' separates those of the trail); anything else is
+    # refused here, before the journal is asked, with a message that does not repeat it.
+    if len(value) > 4 * MAX_JOB_ID_LENGTH or value.strip("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"):
+        raise HTTPException(status_code=400, detail=f"{what} is not one this page gave; start again from the first page")
+    return value
+
+
+def paging(
+    limit: Annotated[int, Query()] = DEFAULT_PAGE, cursor: Annotated[str, Query()] = "",
+    back: Annotated[str, Query()] = "",
+) -> Paging:
+    """The ``limit``, ``cursor`` and ``back`` of a listing's URL, checked."""
+    if not 1 <= limit <= MAX_PAGE:
+        raise HTTPException(status_code=400, detail=f"limit must be from 1 to {MAX_PAGE}")
+    trail = tuple(_cursor_text(c, "back") for c in back.split(".") if c)
+    return Paging(limit, _cursor_text(cursor, "cursor") or None, trail)
+
+
+PagingDep = Annotated[Paging, Depends(paging)]
+
+
+@contextmanager
+def _pages_of_the_journal() -> Iterator[None]:
+    """A cursor the journal refuses (another list's, or edited) is the caller's mistake: a short 400,
+    never the journal's message (which quotes the cursor)."""
+    try:
+        yield
+    except PageError:
+        raise HTTPException(status_code=400, detail="the cursor is not one this page gave; start again from "
+                            "the first page") from None
+
+
+def _checked_filter(value: str, allowed: tuple[str, ...], what: str) -> str | None:
+    if not value:
+        return None
+    if value not in allowed:
+        raise HTTPException(status_code=400, detail=f"unknown {what}; use one of {', '.join(allowed)}")
+    return value
 
 
 # ------------------------------------------------------------------------------------- links
+
+
+def _with_query(path: str, **values: Any) -> str:
+    """``path`` with the query of ``values`` that are set (None and "" are left out)."""
+    query = urlencode({k: v for k, v in values.items() if v not in (None, "")})
+    return f"{path}?{query}" if query else path
+
+
+@dataclass(frozen=True)
+class PageLinks:
+    """The links of a listing page: first, previous and next (None where there is none), all keeping the
+    listing's filters and page size."""
+
+    first: str | None
+    previous: str | None
+    next: str | None
+
+
+def page_links(path: str, paging: Paging, next_cursor: str | None, **filters: Any) -> PageLinks:
+    size = {"limit": paging.limit if paging.limit != DEFAULT_PAGE else None}
+
+    def link(cursor: str | None, back: tuple[str, ...]) -> str:
+        return _with_query(path, **filters, **size, cursor=cursor, back=".".join(back) if cursor else None)
+
+    previous = paging.previous
+    following = paging.following(next_cursor) if next_cursor is not None else None
+    return PageLinks(
+        first=link(None, ()) if paging.cursor is not None else None,
+        previous=link(*previous) if previous is not None else None,
+        next=link(*following) if following is not None else None,
+    )
 
 
 def _prefix(request: Request) -> str:
@@ -283,6 +387,11 @@ def _airflow_base(request: Request) -> str:
 def job_path(job_id: str) -> str:
     """The job page relative to this app; every character of the id is escaped (ids hold '/' and '+')."""
     return f"/jobs/{quote(job_id, safe='')}"
+
+
+def rows_path(job_id: str) -> str:
+    """The job's step rows, relative to this app."""
+    return f"/rows/{quote(job_id, safe='')}"
 
 
 def resolve_path(job_id: str, item_id: str, step: str) -> str:
@@ -334,7 +443,8 @@ def _breakable(value: str) -> Markup:
 _templates.filters["when"] = _when
 _templates.filters["age"] = _age
 _templates.filters["breakable"] = _breakable
-_templates.globals.update(job_path=job_path, resolve_path=resolve_path, batch_task_path=batch_task_path)
+_templates.globals.update(job_path=job_path, rows_path=rows_path, resolve_path=resolve_path,
+                          batch_task_path=batch_task_path, with_query=_with_query)
 
 
 def _page(request: Request, template: str, status_code: int = 200, **values: Any) -> HTMLResponse:
@@ -393,62 +503,179 @@ def _login_url(request: Request) -> str | None:
 # ------------------------------------------------------------------------------------ routes
 
 
-def _visible_jobs(journal: StepJournal | None, viewer: Viewer) -> list[JobSummary]:
-    jobs = journal.jobs() if journal else []
-    readable = viewer.allowed("GET", {j.dag_id for j in jobs})
-    return [j for j in jobs if j.dag_id in readable]
+def _visible_jobs(
+    journal: StepJournal | None, viewer: Viewer, paging: Paging, *, status: str | None, dag_id: str | None,
+) -> Page[JobSummary]:
+    """One page of the jobs the viewer may read, newest first.
+
+    A viewer of some DAGs only gets the readable jobs among the journal's pages, read on until the page
+    is full or the list ends. Each read asks for exactly as many jobs as the page still lacks, so a full
+    page ends at a readable job and its next cursor (the journal's, of the last job read) names only a
+    job the viewer may see; a page that is not full is the last. Every request moves on, so paging ends.
+    """
+    if journal is None or (dag_id is not None and dag_id not in viewer.allowed("GET", [dag_id])):
+        return Page()
+    with _pages_of_the_journal():
+        if viewer.all_dags:
+            return journal.jobs(limit=paging.limit, cursor=paging.cursor, status=status, dag_id=dag_id)
+        shown: list[JobSummary] = []
+        cursor = paging.cursor
+        while True:
+            read = journal.jobs(limit=paging.limit - len(shown), cursor=cursor, status=status, dag_id=dag_id)
+            readable = viewer.allowed("GET", {j.dag_id for j in read})
+            shown += [j for j in read if j.dag_id in readable]
+            cursor = read.next_cursor
+            if cursor is None:
+                return Page(shown)
+            if len(shown) == paging.limit:
+                return Page(shown, cursor)
 
 
-def _held_rows(journal: StepJournal | None, jobs: list[JobSummary]) -> tuple[list[dict[str, Any]], int]:
+def _held_records(journal: StepJournal, job_id: str, *, limit: int, cursor: str | None = None) -> Page[StepRecord]:
+    """One page of a job's held steps (the journal's held list), each as its whole row: what the table
+    shows (status, attempts, error type, receipt) besides the hold. A step resolved between the two
+    reads is left out; the page's cursor goes on after it all the same."""
+    with _pages_of_the_journal():
+        held = journal.held(job_id, limit=limit, cursor=cursor)
+    steps_of_item: dict[str, dict[str, StepRecord]] = {}
+    records = []
+    for step in held:
+        if step.item_id not in steps_of_item:  # an item's rows: one per step of the batch, a few
+            steps_of_item[step.item_id] = {r.step: r for r in journal.rows(job_id, step.item_id, limit=MAX_PAGE)}
+        record = steps_of_item[step.item_id].get(step.step)
+        if record is not None and record.held_reason is not None:
+            records.append(record)
+    return Page(records, held.next_cursor)
+
+
+def _held_of_jobs(journal: StepJournal | None, jobs: list[JobSummary], limit: int) -> list[dict[str, Any]]:
+    """The held steps of ``jobs`` (one page of the jobs list), at most ``limit`` in all."""
     rows: list[dict[str, Any]] = []
-    total = 0
     for job in jobs:
-        if journal is None or not job.held:
+        if journal is None or not job.held or len(rows) >= limit:
             continue
-        held = [r for r in journal.open_rows(job.job_id) if r.held_reason is not None]
-        total += len(held)
-        rows += [{"job_id": job.job_id, **_row_dict(r)} for r in held[: max(0, MAX_OPEN_ROWS - len(rows))]]
-    return rows, total
+        rows += [{"job_id": job.job_id, **_row_dict(r)} for r in _held_records(journal, job.job_id, limit=limit - len(rows))]
+    return rows
+
+
+@dataclass(frozen=True)
+class JobsListing:
+    """One page of the jobs list, its held steps, and where the list goes on."""
+
+    jobs: list[dict[str, Any]]
+    held: list[dict[str, Any]]
+    held_total: int  # held steps of the page's jobs (their kept counts); ``held`` shows up to the limit
+    next_cursor: str | None
+    journal_exists: bool
+
+
+def _jobs_listing(viewer: Viewer, paging: Paging, status: str, dag_id: str) -> JobsListing:
+    wanted_status = _checked_filter(status, JOB_STATUSES, "status")
+    wanted_dag = dag_id or None
+    if wanted_dag is not None and _id_problem(wanted_dag, MAX_JOB_ID_LENGTH):
+        raise HTTPException(status_code=400, detail="dag_id cannot name a DAG")
+    with _journal() as journal:
+        jobs = _visible_jobs(journal, viewer, paging, status=wanted_status, dag_id=wanted_dag)
+        held = _held_of_jobs(journal, jobs, paging.limit)
+        exists = journal is not None
+    return JobsListing([_job_dict(j) for j in jobs], held, sum(j.held for j in jobs), jobs.next_cursor, exists)
 
 
 @app.get("/jobs.json")
-def jobs_json(viewer: ViewerDep) -> dict[str, Any]:
-    with _journal() as journal:
-        jobs = _visible_jobs(journal, viewer)
-        held, held_total = _held_rows(journal, jobs)
+def jobs_json(
+    viewer: ViewerDep, paging: PagingDep, status: Annotated[str, Query()] = "", dag_id: Annotated[str, Query()] = "",
+) -> dict[str, Any]:
+    """One page of jobs (``limit``, default 100; ``cursor``: ``next`` of the page before; filters
+    ``status`` and ``dag_id``) with their held steps."""
+    listing = _jobs_listing(viewer, paging, status, dag_id)
     return {
         "journal_path": journal_display(), "hostname": socket.gethostname(),
-        "jobs": [_job_dict(j) for j in jobs], "held": held, "held_total": held_total,
+        "jobs": listing.jobs, "held": listing.held, "held_total": listing.held_total,
+        "limit": paging.limit, "next": listing.next_cursor,  # None: the last page
+    }
+
+
+@app.get("/", response_class=HTMLResponse)
+def jobs_page(
+    request: Request, viewer: ViewerDep, paging: PagingDep, status: Annotated[str, Query()] = "",
+    dag_id: Annotated[str, Query()] = "",
+) -> HTMLResponse:
+    listing = _jobs_listing(viewer, paging, status, dag_id)
+    links = page_links(_prefix(request) + "/", paging, listing.next_cursor, status=status, dag_id=dag_id)
+    return _page(request, "jobs.html", jobs=listing.jobs, held=listing.held, held_total=listing.held_total,
+                 journal_exists=listing.journal_exists, viewer=viewer, links=links, statuses=JOB_STATUSES,
+                 status=status, dag_id=dag_id, filtered=bool(status or dag_id), paging=paging)
+
+
+def _job_detail(job: JobSummary, held: Page[StepRecord], resolutions: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = [_row_dict(r) for r in held]
+    return {
+        "job": _job_dict(job),
+        "held": rows, "held_total": job.held, "next": held.next_cursor,  # the next page of held steps
+        "unresolved_total": job.unresolved,  # sends with an unknown outcome, not held: the job's rows
+        # As before paging: the open rows are the held ones (this page of them) and the unresolved sends.
+        "open_rows": rows, "open_rows_total": job.held + job.unresolved,
+        "resolutions": resolutions,
     }
 
 
 # Not "/jobs/{job_id}.json": a job whose id ends in ".json" would open another job's JSON.
 @app.get("/api/jobs/{job_id:path}")
-def job_json(job_id: str, viewer: ViewerDep) -> dict[str, Any]:
+def job_json(job_id: str, viewer: ViewerDep, paging: PagingDep) -> dict[str, Any]:
+    """A job, one page of its held steps (``limit``, ``cursor``: ``next``) and its latest resolutions."""
     with _journal() as journal:
-        return _job_detail(journal, _readable_job(journal, job_id, viewer))
-
-
-@app.get("/", response_class=HTMLResponse)
-def jobs_page(request: Request, viewer: ViewerDep) -> HTMLResponse:
-    with _journal() as journal:
-        jobs = _visible_jobs(journal, viewer)
-        held, held_total = _held_rows(journal, jobs)
-        exists = journal is not None
-    return _page(request, "jobs.html", jobs=[_job_dict(j) for j in jobs], held=held, held_total=held_total,
-                 journal_exists=exists, viewer=viewer)
+        job = _readable_job(journal, job_id, viewer)
+        assert journal is not None
+        return _job_detail(job, _held_records(journal, job_id, limit=paging.limit, cursor=paging.cursor),
+                           _resolutions(journal, job_id))
 
 
 @app.get("/jobs/{job_id:path}", response_class=HTMLResponse)
-def job_page(request: Request, job_id: str, viewer: ViewerDep) -> HTMLResponse:
+def job_page(request: Request, job_id: str, viewer: ViewerDep, paging: PagingDep) -> HTMLResponse:
     with _journal() as journal:
         job = _readable_job(journal, job_id, viewer)
-        detail = _job_detail(journal, job)
-    held = [r for r in detail["open_rows"] if r["held_reason"]]
-    for row in held:
+        assert journal is not None
+        held = _held_records(journal, job_id, limit=paging.limit, cursor=paging.cursor)
+        detail = _job_detail(job, held, _resolutions(journal, job_id))
+    for row in detail["held"]:
         row["decisions"] = DECISIONS_BY_REASON[HeldReason(row["held_reason"])]
-    return _page(request, "job.html", **detail, max_rows=MAX_OPEN_ROWS, viewer=viewer, held_rows=held,
-                 may_settle=bool(held) and viewer.may_settle(job))
+    links = page_links(_prefix(request) + job_path(job_id), paging, held.next_cursor)
+    return _page(request, "job.html", **detail, viewer=viewer, held_rows=detail["held"], links=links,
+                 may_settle=bool(held) and viewer.may_settle(job), row_statuses=ROW_STATUSES)
+
+
+def _rows_listing(
+    journal: StepJournal | None, job_id: str, viewer: Viewer, paging: Paging, status: str,
+) -> tuple[JobSummary, Page[StepRecord]]:
+    wanted = _checked_filter(status, ROW_STATUSES, "status")
+    job = _readable_job(journal, job_id, viewer)
+    assert journal is not None
+    if wanted is not None and not job.counts.get(wanted, 0):  # the kept counts say none: no need to look
+        return job, Page()
+    with _pages_of_the_journal():
+        return job, journal.rows(job_id, status=wanted, limit=paging.limit, cursor=paging.cursor)
+
+
+@app.get("/api/rows/{job_id:path}")
+def rows_json(
+    job_id: str, viewer: ViewerDep, paging: PagingDep, status: Annotated[str, Query()] = "",
+) -> dict[str, Any]:
+    """One page of a job's step rows (by item, then step), ``status`` one of IN_FLIGHT, SUCCEEDED, FAILED."""
+    with _journal() as journal:
+        job, rows = _rows_listing(journal, job_id, viewer, paging, status)
+    return {"job_id": job.job_id, "rows": [_row_dict(r) for r in rows], "limit": paging.limit,
+            "next": rows.next_cursor}
+
+
+@app.get("/rows/{job_id:path}", response_class=HTMLResponse)
+def rows_page(
+    request: Request, job_id: str, viewer: ViewerDep, paging: PagingDep, status: Annotated[str, Query()] = "",
+) -> HTMLResponse:
+    with _journal() as journal:
+        job, rows = _rows_listing(journal, job_id, viewer, paging, status)
+    links = page_links(_prefix(request) + rows_path(job_id), paging, rows.next_cursor, status=status)
+    return _page(request, "rows.html", job=_job_dict(job), rows=[_row_dict(r) for r in rows], links=links,
+                 viewer=viewer, status=status, row_statuses=ROW_STATUSES, paging=paging)
 
 
 class _Decision(BaseModel):
@@ -573,8 +800,8 @@ def resolve_page(
     with _journal() as journal:
         job = _readable_job(journal, job_id, viewer)
         assert journal is not None
-        rows = journal.open_rows(job_id)
-    row = next((r for r in rows if r.item_id == item_id and r.step == step and r.held_reason), None)
+        rows = journal.rows(job_id, item_id, limit=MAX_PAGE)  # the item's steps (a few), by its key
+    row = next((r for r in rows if r.step == step and r.held_reason), None)
     if row is None or row.held_reason is None:
         raise HTTPException(status_code=404, detail="no such held step (it may be resolved already)")
     return _page(
