@@ -16,6 +16,15 @@ Decisions are made about what was seen: ``held`` and ``show`` print each row's v
 ``version`` of a ``resolve --file`` entry are refused (exit 1, nothing changed) if the row changed since.
 ``held --json`` round-trips: add ``decision`` (and ``receipt``) to its entries and pass it to
 ``resolve --file``. Without a version, a decision applies to the row as it is now.
+
+Journals grow to millions of rows, so nothing reads an unbounded list: ``jobs``, ``held`` and ``show``
+print one page (``--limit``, default 100) and, when there is more, a line on stderr with the
+``--cursor`` that goes on from there (stdout stays a clean table or JSON list); ``--all`` reads every
+page. ``export`` streams the job page by page, whatever its size.
+
+``migrate`` moves the journal to this release's schema. A shared (PostgreSQL) journal is never
+migrated behind your back: workers of a new release refuse an older one (and send nothing) until
+``airflow-resumable migrate`` has run, once, like ``airflow db migrate``.
 """
 
 from __future__ import annotations
@@ -26,12 +35,13 @@ import csv
 import functools
 import getpass
 import io
+import itertools
 import json
 import sys
 import traceback
 import unicodedata
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, is_dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, fields, is_dataclass
 from datetime import datetime, timedelta
 from enum import Enum
 from pathlib import Path
@@ -48,21 +58,31 @@ from airflow_resumable.decision_input import (
 )
 from airflow_resumable.journal import (
     DECISIONS_BY_REASON,
+    SCHEMA_VERSION,
     HeldReason,
     JournalError,
     NotHeldError,
+    Page,
+    PageError,
     ResolutionError,
+    Status,
     StepJournal,
+    StepRecord,
     is_postgres_url,
+    migrate,
 )
+from airflow_resumable.journal.records import MAX_PAGE
 from airflow_resumable.runner import idempotency_key as _key
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
 READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
+PAGE_SIZE = 100  # what jobs, held and show print without --limit: a screenful, never an unbounded read
+FETCH_SIZE = 1000  # what --all and export read at a time: memory stays that of one page
 # Text arguments that reach the journal, as the refusals name them. An argument's bytes that are not
 # UTF-8 arrive as lone surrogates (Python's surrogateescape), which no journal can store or look up.
 TEXT_ARGUMENTS = {"job_id": "job_id", "item_id": "item_id", "step": "step", "item": "--item", "receipt": "--receipt",
-                  "note": "--note", "resolved_by": "--resolved-by", "expected_version": "--expected-version"}
+                  "note": "--note", "resolved_by": "--resolved-by", "expected_version": "--expected-version",
+                  "dag_id": "--dag-id"}
 EXPECTED_VERSION_HELP = ("the row's version as held/show printed it (whole, or its first 8 characters): refused, "
                          "with nothing changed, if the row changed since; without it the decision applies to the "
                          "row as it is now")
@@ -82,10 +102,21 @@ def _duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _limit(text: str) -> int:
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= MAX_PAGE:
+        raise argparse.ArgumentTypeError(f"invalid limit {text[:20]!r}: give a whole number from 1 to {MAX_PAGE}")
+    return limit
+
+
 def _plain(value: Any, time: Callable[[datetime], str] = datetime.isoformat) -> Any:
     """JSON-ready data; ``time`` writes datetimes (ISO 8601 UTC for JSON, local and relative for tables)."""
     if is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v, time) for k, v in asdict(value).items()}
+        # Field by field, not asdict(): its deep copy is most of what a million-row export costs.
+        return {f.name: _plain(getattr(value, f.name), time) for f in fields(value)}
     if isinstance(value, dict):
         return {k: _plain(v, time) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -138,14 +169,20 @@ def build_parser() -> argparse.ArgumentParser:
     _global_options(common, argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     add = functools.partial(sub.add_parser, parents=[common])
-    add("jobs", help="jobs with per-status counts, held count, last update")
+    jobs = add("jobs", help="jobs with per-status counts, held count, last update (newest first)")
+    # The journal knows the statuses (and names them when given another): one home for them.
+    jobs.add_argument("--status", help="only jobs in this status, as the STATUS column shows it")
+    jobs.add_argument("--dag-id", help="only the jobs of this DAG")
+    _paging_options(jobs)
     show = add("show", help="a job's rows")
     show.add_argument("job_id")
     show.add_argument("--item", help="only this item")
-    show.add_argument("--status", choices=["IN_FLIGHT", "SUCCEEDED", "FAILED"])
+    show.add_argument("--status", choices=list(Status.__members__))
     show.add_argument("--held", action="store_true", help="only held rows")
+    _paging_options(show)
     held = add("held", help="held steps (of one job or all)")
     held.add_argument("job_id", nargs="?")
+    _paging_options(held)
     resolve = add("resolve", help="settle an unknown-outcome send (or many: --file)")
     resolve.add_argument("job_id", nargs="?")
     resolve.add_argument("item_id", nargs="?")
@@ -174,10 +211,21 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("job_id")
     prune = add("prune", help="forget finished jobs older than a cut-off")
     prune.add_argument("--older-than", type=_duration, required=True, help=DURATION_HELP)
-    export = add("export", help="a job's rows as JSON or CSV")
+    export = add("export", help="a job's rows as JSON or CSV (all of them, streamed)")
     export.add_argument("job_id")
     export.add_argument("--format", choices=["json", "csv"], default="json")
+    add("migrate", help="move the journal to this release's schema (creates a shared journal's tables); a shared "
+                        "journal is refused by new workers until this has run")
     return parser
+
+
+def _paging_options(parser: argparse.ArgumentParser) -> None:
+    amount = parser.add_mutually_exclusive_group()
+    # No default here: --limit 100 --all must be refused like any other --limit with --all.
+    amount.add_argument("--limit", type=_limit, help=f"at most this many (1 to {MAX_PAGE}, default {PAGE_SIZE})")
+    amount.add_argument("--all", action="store_true", help=f"everything (read {FETCH_SIZE} at a time)")
+    parser.add_argument("--cursor", help="go on where a page stopped: the cursor its 'more:' line gave (with the "
+                                         "same filters)")
 
 
 def _global_options(parser: argparse.ArgumentParser, default: Any) -> None:
@@ -234,15 +282,21 @@ def _read_arguments(args: argparse.Namespace) -> None:
         args.entries = read_decisions(args.file_data, f"--file {_printable(args.file)}")
 
 
-def _open(args: argparse.Namespace) -> StepJournal:
+def _target(args: argparse.Namespace) -> Any:
+    """Where the journal is (an ``_airflow.JournalTarget``): --journal, --conn-id, else the Airflow config."""
     from airflow_resumable._airflow import JournalTarget, journal_target
 
     if args.journal and is_postgres_url(args.journal):
-        target = JournalTarget(args.journal, True, "the --journal URL", {"schema": args.schema} if args.schema else {})
-    else:
-        # Airflow logs to stdout while it looks a connection up; stdout is for our tables and JSON.
-        with contextlib.redirect_stdout(sys.stderr):
-            target = journal_target(conn_id=args.conn_id, path=args.journal)
+        from airflow_resumable.journal.postgres import redacted
+
+        return JournalTarget(args.journal, True, redacted(args.journal), {"schema": args.schema} if args.schema else {})
+    # Airflow logs to stdout while it looks a connection up; stdout is for our tables and JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        return journal_target(conn_id=args.conn_id, path=args.journal)
+
+
+def _open(args: argparse.Namespace) -> StepJournal:
+    target = _target(args)
     if not target.exists():  # no command creates a journal: a typo must not leave an empty one behind
         raise JournalError(
             f"no journal at {target.display}; pass --journal or --conn-id, or set [resumable] journal_path"
@@ -254,8 +308,41 @@ def _open(args: argparse.Namespace) -> StepJournal:
 
 def run(args: argparse.Namespace, out: io.TextIOBase | Any) -> int:
     _read_arguments(args)
+    if args.command == "migrate":
+        return _migrate(args, out)
     with _open(args) as journal:
         return _dispatch(args, journal, out)
+
+
+def _migrate(args: argparse.Namespace, out: Any) -> int:
+    """``migrate``: the journal the other commands would open, moved to this release's schema.
+
+    A shared journal's tables are created if there are none. A SQLite file that does not exist is left
+    so (the first task creates it, at this version; a typo must not leave an empty journal behind): a
+    single-host deployment can run the same init command as a fleet.
+    """
+    target = _target(args)
+    where = target.display
+    if target.shared:
+        from airflow_resumable.journal.postgres import DEFAULT_SCHEMA
+
+        where += f" (schema {target.options.get('schema', DEFAULT_SCHEMA)})"
+    where = _printable(where)
+    if not target.exists():
+        found: int | None = None
+        said = (f"journal {where}: none yet; a task creates it at schema version {SCHEMA_VERSION} when it first "
+                "opens it")
+        version = None
+    else:
+        found, version = migrate(target.location, **target.options)
+        said = (f"journal {where}: created at schema version {version}" if found is None
+                else f"journal {where}: already at schema version {version}" if found == version
+                else f"journal {where}: schema version {found} -> {version}")
+    if args.json:
+        out.write(json.dumps({"journal": where, "found": found, "version": version}) + "\n")
+    else:
+        out.write(said + "\n")
+    return 0
 
 
 def _current_version(journal: StepJournal, job_id: str, item_id: str, step: str | None) -> str | None:
@@ -292,6 +379,64 @@ def _with_full_versions(journal: StepJournal, entries: list[Any]) -> list[Any]:
     return completed
 
 
+def _listing(read: Callable[..., Page[Any]], args: argparse.Namespace) -> Page[Any]:
+    """What the paging options ask for: one page (``--limit``, default :data:`PAGE_SIZE`) from
+    ``--cursor``, or with ``--all`` every page from there on."""
+    if not args.all:
+        return read(limit=args.limit or PAGE_SIZE, cursor=args.cursor)
+    return Page(_each(read, args.cursor))
+
+
+def _each(read: Callable[..., Page[Any]], cursor: str | None = None) -> Iterator[Any]:
+    """Every record ``read`` pages through from ``cursor`` on, :data:`FETCH_SIZE` at a time."""
+    while True:
+        page = read(limit=FETCH_SIZE, cursor=cursor)
+        cursor = page.next_cursor
+        yield from page
+        del page  # not kept while the next one is read: one page in memory, not two
+        if cursor is None:
+            return
+
+
+def _more(out: Any, page: Page[Any]) -> None:
+    """Where the next page starts, on stderr: stdout stays a table, or JSON another tool reads."""
+    if page.next_cursor is not None:
+        out.flush()  # after the page on a terminal
+        sys.stderr.write(f"more: --cursor {page.next_cursor}  (or --all)\n")
+
+
+def _held_rows(journal: StepJournal, job_id: str, *, limit: int, cursor: str | None) -> Page[StepRecord]:
+    """A page of a job's held rows, cut as its held steps are (a ``held`` cursor): found through the
+    held steps, not by reading every row of a job that may have millions."""
+    held = journal.held(job_id, limit=limit, cursor=cursor)
+    steps_by_item: dict[str, set[str]] = {}
+    for h in held:
+        steps_by_item.setdefault(h.item_id, set()).add(h.step)
+    rows = [r for item_id, steps in steps_by_item.items()
+            for r in _each(functools.partial(journal.rows, job_id, item_id)) if r.step in steps]
+    return Page(rows, held.next_cursor)
+
+
+def _write_json_list(out: Any, records: Iterable[Any]) -> None:
+    """``json.dumps(list(records), indent=2)`` and a newline, written one record at a time."""
+    first = True
+    for record in records:
+        # A list's entries are its elements' own indented text, one level in (JSON text has no raw newlines).
+        out.write(("[\n  " if first else ",\n  ") + json.dumps(record, indent=2).replace("\n", "\n  "))
+        first = False
+    out.write("[]\n" if first else "\n]\n")
+
+
+def _write_csv(out: Any, records: Iterable[dict[str, Any]]) -> None:
+    """One row per record, the columns those of the first (an empty export is a lone ``item_id`` header)."""
+    records = iter(records)
+    first = next(records, None)
+    writer = csv.DictWriter(out, fieldnames=list(first) if first else ["item_id"], lineterminator="\n")
+    writer.writeheader()
+    for row in itertools.chain([first], records) if first else ():
+        writer.writerow({k: _csv_cell(v) for k, v in row.items()})
+
+
 def _emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
     if as_json:
         out.write(json.dumps(_plain(data), indent=2) + "\n")
@@ -305,23 +450,32 @@ def _emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
 def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
     who = getattr(args, "resolved_by", None) or getpass.getuser()
     if args.command == "jobs":
+        page = _listing(functools.partial(journal.jobs, status=args.status, dag_id=args.dag_id), args)
         jobs = [{**asdict(j), "status": j.status, **j.counts, "held": j.held, "unresolved": j.unresolved}
-                for j in journal.jobs()]
+                for j in page]
         _emit(out, args.json, jobs, ["job_id", "status", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held",
                                      "unresolved", "updated_at"])
+        _more(out, page)
     elif args.command == "show":
         if journal.job(args.job_id) is None:
             raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
+        if args.held and args.item is None:  # through the held steps (their cursor), not every row
+            page = _listing(functools.partial(_held_rows, journal, args.job_id), args)
+        else:  # one item's rows are few: its held ones are picked here
+            page = _listing(functools.partial(journal.rows, args.job_id, args.item, status=args.status), args)
         rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step, r.generation) if r.side_effect else None}
-                for r in journal.rows(args.job_id, args.item)
+                for r in page
                 if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
         _emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
                                      "version", "idempotency_key", "updated_at"])
+        _more(out, page)
     elif args.command == "held":
+        page = _listing(functools.partial(journal.held, args.job_id), args)
         # The key to ask the receiver about; an input_changed hold is not about a send (no key).
         held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step, h.generation)
-                 if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in journal.held(args.job_id)]
+                 if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in page]
         _emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "version", "idempotency_key"])
+        _more(out, page)
     elif args.command == "resolve" and args.file:
         resolutions = journal.apply_decisions(_with_full_versions(journal, args.entries), resolved_by=who)
         _emit(out, args.json, resolutions, ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"])
@@ -345,15 +499,12 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
             out.write(json.dumps({"pruned": pruned}) + "\n")
         else:
             out.write(f"pruned {len(pruned)} job(s)" + "".join(f"\n  {_printable(j)}" for j in pruned) + "\n")
-    elif args.command == "export":
-        rows = _plain(journal.rows(args.job_id))
+    elif args.command == "export":  # streamed: a page in memory at a time, however big the job
+        exported = (_plain(r) for r in _each(functools.partial(journal.rows, args.job_id)))
         if args.format == "json":
-            out.write(json.dumps(rows, indent=2) + "\n")
+            _write_json_list(out, exported)
         else:
-            writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["item_id"], lineterminator="\n")
-            writer.writeheader()
-            for row in rows:
-                writer.writerow({k: _csv_cell(v) for k, v in row.items()})
+            _write_csv(out, exported)
     return 0
 
 
@@ -363,6 +514,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         return run(args, sys.stdout)
+    except PageError as exc:  # a --cursor this journal did not give, a --dag-id it cannot take: nothing read
+        sys.stderr.write(f"airflow-resumable: {_printable(str(exc))}\n")
+        return EXIT_USAGE
     except (ResolutionError, NotHeldError) as exc:
         # Refused decisions (bad input, a row changed since it was looked at): the journal is unchanged.
         # Messages quote ids, which may hold terminal escapes: printed escaped, on one line.

@@ -426,3 +426,77 @@ def test_bad_decision_input_exits_1_with_one_line_and_changes_nothing(journal_at
     for name in names:
         assert name in refused.stderr, refused.stderr
     assert snapshot_of(journal_at) == before
+
+
+# -- migrate: a journal moved to this release's schema on purpose, as `airflow db migrate` moves Airflow's --
+
+
+def shared_journal_env(postgres_url: str) -> dict[str, str]:
+    """The CLI's environment as the compose file's init service has it: the journal is the Airflow
+    connection `resumable_journal`, schema `resumable`, named by [resumable] journal_conn_id."""
+    import os
+
+    from tests.test_airflow_shared_journal import connection
+
+    conn = {**json.loads(connection(postgres_url)), "extra": {"journal_schema": "resumable"}}
+    return {**os.environ, "AIRFLOW__RESUMABLE__JOURNAL_CONN_ID": "resumable_journal",
+            "AIRFLOW_CONN_RESUMABLE_JOURNAL": json.dumps(conn)}
+
+
+def configured_cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CLI, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_through_again(postgres_url):
+    from airflow_resumable.journal import JournalVersionError
+    from tests.backends import assert_counts_exact, postgres_downgrade_to_6
+
+    two_holds(postgres_url)
+    postgres_downgrade_to_6(postgres_url)  # as the previous release left it
+    sent: list[str] = []
+    steps = [Step("send", lambda item, ctx: sent.append(item["id"]) or "ok", side_effect=True)]
+    with pytest.raises(JournalVersionError, match="airflow-resumable migrate"):
+        with StepJournal(postgres_url) as journal:
+            run_batch(journal, "next", [{"id": "x"}], steps)
+    assert sent == []  # refused before anything was sent
+    env = shared_journal_env(postgres_url)
+    looked = configured_cli(env, "held")  # an on-call is told the same
+    assert looked.returncode == 1 and "airflow-resumable migrate" in looked.stderr
+
+    migrated = configured_cli(env, "migrate")
+    assert migrated.returncode == 0, migrated.stderr
+    assert migrated.stdout == "journal connection resumable_journal (schema resumable): schema version 6 -> 7\n"
+    assert_counts_exact(postgres_url)  # the kept counts were computed for the jobs already there
+    with StepJournal(postgres_url) as journal:
+        run_batch(journal, "next", [{"id": "x"}], steps)
+    assert sent == ["x"]
+    assert {h["item_id"] for h in json.loads(configured_cli(env, "held", "j", "--json").stdout)} == {"b", "c"}
+    again = configured_cli(env, "migrate", "--json")
+    assert again.returncode == 0 and json.loads(again.stdout) == {
+        "journal": "connection resumable_journal (schema resumable)", "found": 7, "version": 7}
+
+
+def test_migrate_creates_a_new_shared_journal(postgres_url):
+    created = cli(postgres_url, "migrate")
+    assert created.returncode == 0, created.stderr
+    assert created.stdout.startswith("journal postgresql://") and created.stdout.endswith(
+        " (schema resumable): created at schema version 7\n")
+    assert cli(postgres_url, "jobs").stdout == "(none)\n"
+
+
+def test_migrate_on_sqlite_moves_an_older_file_and_leaves_a_missing_one_to_the_first_task(journal_path):
+    from tests.backends import sqlite_downgrade
+
+    assert cli(journal_path, "migrate").stdout == f"journal {journal_path}: already at schema version 7\n"
+    sqlite_downgrade(journal_path, 6)
+    migrated = cli(journal_path, "migrate")
+    assert migrated.returncode == 0 and migrated.stdout == f"journal {journal_path}: schema version 6 -> 7\n"
+    assert len(json.loads(cli(journal_path, "held", "j", "--json").stdout)) == 2
+    missing = journal_path.with_name("not-yet.sqlite3")
+    none_yet = cli(missing, "migrate")  # a single-host deployment runs the same init command
+    assert none_yet.returncode == 0 and "none yet" in none_yet.stdout and not missing.exists()
+    newer = sqlite3.connect(journal_path)
+    newer.execute("PRAGMA user_version = 99")  # written by a release from the future
+    newer.close()
+    refused = cli(journal_path, "migrate")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "newer release" in refused.stderr

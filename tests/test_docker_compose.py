@@ -73,7 +73,7 @@ def test_celery_layout_of_the_official_compose_file():
     assert services["airflow-worker"]["command"] == "celery worker"
     assert services["airflow-worker"]["environment"]["DUMB_INIT_SETSID"] == "0"  # warm shutdown, as upstream
     assert services["airflow-worker"]["depends_on"]["airflow-apiserver"]["condition"] == "service_healthy"
-    assert services["airflow-init"]["command"][-1] == "airflow db migrate"
+    assert services["airflow-init"]["command"][-1].split(" && ")[0] == "airflow db migrate"
     commands = {"airflow-apiserver": "api-server", "airflow-scheduler": "scheduler",
                 "airflow-dag-processor": "dag-processor", "airflow-triggerer": "triggerer"}
     for name, command in commands.items():
@@ -155,3 +155,37 @@ def test_single_host_override_keeps_the_local_sqlite_layout():
         mount = str(Path(journal_path).parent)
         assert volumes[mount] == "journal" and "journal" in compose["volumes"], name
         assert "./dags" in volumes.values(), name  # the base file's mounts are kept
+
+
+def test_the_init_service_migrates_the_shared_journal_before_any_worker_starts():
+    services = load()["services"]
+    init = services["airflow-init"]
+    assert init["entrypoint"] == "/bin/bash" and init["command"][0] == "-c"
+    # Each step must succeed (&&): a failed journal migration fails the init, and nothing starts.
+    assert init["command"][-1].split(" && ") == ["airflow db migrate", "airflow-resumable migrate"]
+    # No --journal/--conn-id: it migrates the journal the config names, the one every process uses.
+    assert init["environment"]["AIRFLOW__RESUMABLE__JOURNAL_CONN_ID"] == services["airflow-worker"]["environment"][
+        "AIRFLOW__RESUMABLE__JOURNAL_CONN_ID"]
+    for name in AIRFLOW_SERVICES:
+        if name != "airflow-init":
+            assert services[name]["depends_on"]["airflow-init"]["condition"] == "service_completed_successfully"
+
+
+def test_the_single_host_init_runs_the_same_command_and_it_succeeds_without_a_journal(tmp_path):
+    """One host: the journal is a SQLite file on a volume the init container does not mount. The same
+    init command finds none there, says so, exits 0 (the init succeeds) and creates nothing."""
+    import os
+    import subprocess
+    import sys
+
+    init = single_host()["services"]["airflow-init"]
+    assert init["command"] == load()["services"]["airflow-init"]["command"]
+    journal_path = Path(init["environment"]["AIRFLOW__RESUMABLE__JOURNAL_PATH"])
+    env = {**os.environ, **{k: v for k, v in init["environment"].items() if k.startswith("AIRFLOW__RESUMABLE__")},
+           # the same layout here: a journal folder nothing has mounted
+           "AIRFLOW__RESUMABLE__JOURNAL_PATH": str(tmp_path / "unmounted" / journal_path.name)}
+    assert env["AIRFLOW__RESUMABLE__JOURNAL_CONN_ID"] == ""  # empty: journal_path wins
+    cli = str(Path(sys.executable).with_name("airflow-resumable"))
+    migrated = subprocess.run([cli, "migrate"], env=env, capture_output=True, text=True, timeout=60)
+    assert migrated.returncode == 0, migrated.stderr
+    assert "none yet" in migrated.stdout and not (tmp_path / "unmounted").exists()

@@ -202,7 +202,7 @@ def test_finding_7_a_bug_is_not_reported_as_a_refusal(tmp_path, monkeypatch, cap
     path = tmp_path / "journal.sqlite3"
     journal_with_ids(path, ["a"])
 
-    def broken(self, job_id=None):
+    def broken(self, job_id=None, **paging):
         raise ValueError("an internal bug")
 
     monkeypatch.setattr(StepJournal, "held", broken)
