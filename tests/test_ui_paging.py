@@ -26,7 +26,7 @@ SMALL_TARGET_ITEMS, BIG_TARGET_ITEMS = 1_000, 80_000
 SMALL_BULK_ITEMS, BIG_BULK_ITEMS = 10, 1_000  # per bulk job: 200,000 items in all once grown
 HELD_EVERY = 5  # every fifth item of the target job is held (unknown outcome); bulk jobs hold none
 RATIO_LIMIT = 3.0
-REPEATS = 9
+REPEATS = 15
 
 
 def fill(path: Path | str, job_ids: list[str], items: range, *, dag_id: str, held_every: int = 0,
