@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_resumable.journal import StepJournal
-from airflow_resumable.journal.base import Durability
+from airflow_resumable.journal.backend import Durability
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
 
 ITEMS = 50

@@ -204,7 +204,7 @@ def measure(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000,
                 "duplicate_sends": after["duplicates"] - before["duplicates"],
             }
             if journal_url is None:
-                runs[str(level)]["fsyncs_per_item"] = journal.fsync_count / level_n  # type: ignore[attr-defined]
+                runs[str(level)]["fsyncs_per_item"] = journal.engine.fsync_count / level_n  # type: ignore[attr-defined]
     figures: dict[str, Any] = {"n": n, "reply_ms": REPLY_SECONDS * 1e3, "durability": "full", "runs": runs}
     if len(levels) == 2:
         low, high = (runs[str(level)] for level in levels)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_resumable.journal import StepJournal
-from airflow_resumable.journal.base import Durability
+from airflow_resumable.journal.backend import Durability
 from airflow_resumable.runner import run_batch
 from benchmarks import workload
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
@@ -57,7 +57,7 @@ def measure_overhead(n: int, durability: Durability, reps: int, resumes: int) ->
                 ArticleStyleJournal(Path(tmp) / "article.sqlite3", durability=durability) as baseline:
             ours_first.append(_ours(ours, n, n))
             base_first.append(_baseline(baseline, n, n))
-            fsyncs, commits = ours.fsync_count, baseline.commits
+            fsyncs, commits = ours.engine.fsync_count, baseline.commits
             for _ in range(resumes if rep == 0 else 0):  # alternating, so a noisy moment hits both sides
                 ours_resume.append(_ours(ours, n, 0))
                 base_resume.append(_baseline(baseline, n, 0))

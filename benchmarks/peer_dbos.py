@@ -177,7 +177,7 @@ def measure(n: int, reps: int = 3) -> dict[str, Any]:
 
         figures = _compare(n, reps, f"sqlite:///{Path(tmp) / 'dbos_system.sqlite'}", ours, "resumable-bench-peer")
     journal = figures.pop("_journal")
-    return {"dbos_version": version} | figures | {"ours_full_fsyncs_per_item": journal.fsync_count / n}
+    return {"dbos_version": version} | figures | {"ours_full_fsyncs_per_item": journal.engine.fsync_count / n}
 
 
 def measure_postgres(n: int, reps: int = 3) -> dict[str, Any]:

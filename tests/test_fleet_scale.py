@@ -155,11 +155,11 @@ def test_jobs_and_job_read_no_step_rows(tmp_path):
                 read.add(table)
             return sqlite3.SQLITE_OK
 
-        journal._connection.set_authorizer(note)
+        journal.engine._connection.set_authorizer(note)
         try:
             assert journal.job(JOB).items == 2 and [j.job_id for j in journal.jobs(limit=10, status="completed")] == [JOB]
         finally:
-            journal._connection.set_authorizer(None)
+            journal.engine._connection.set_authorizer(None)
     assert "jobs" in read and "steps" not in read, read
 
 
@@ -297,7 +297,7 @@ def test_an_interrupted_prune_leaves_a_tombstone_and_the_next_prune_finishes(jou
     with StepJournal(journal_location) as journal:
         run_batch(journal, JOB, [{"id": f"i{n:03d}"} for n in range(50)], sending([]))
         monkeypatch.setattr(type(journal), "PRUNE_BATCH_ITEMS", 10)
-        write, batches = journal._write, []
+        write, batches = journal.engine.write, []
 
         def dies_after_two_batches(*, durable):
             if not durable:
@@ -306,10 +306,10 @@ def test_an_interrupted_prune_leaves_a_tombstone_and_the_next_prune_finishes(jou
                     raise KeyboardInterrupt  # the prune process is stopped part way
             return write(durable=durable)
 
-        monkeypatch.setattr(journal, "_write", dies_after_two_batches)
+        monkeypatch.setattr(journal.engine, "write", dies_after_two_batches)
         with pytest.raises(KeyboardInterrupt):
             journal.prune(timedelta(0))
-        monkeypatch.setattr(journal, "_write", write)
+        monkeypatch.setattr(journal.engine, "write", write)
         job = journal.job(JOB)
         assert job.status == "pruned" and job.items == 30  # two batches of ten items went
         backends.assert_counts_exact(journal_location)

@@ -87,7 +87,7 @@ def test_finding_8_a_log_under_one_jobs_name_does_not_touch_another_job(tmp_path
 
     path = tmp_path / "journal.sqlite3"
     with StepJournal(path) as journal:
-        foreign_log = journal._receipt_log_path("some/other/job")  # named after another job...
+        foreign_log = journal.engine._receipt_log_path("some/other/job")  # named after another job...
     insert(path, row("in-flight", "IN_FLIGHT", "d1"))
     foreign_log.parent.mkdir(exist_ok=True)
     foreign_log.write_bytes(log_line("in-flight", "d1", "forged"))  # ...naming the victim's job inside
@@ -106,7 +106,7 @@ def test_finding_8_a_line_with_a_bad_timestamp_is_not_folded_and_reads_keep_work
 
     path = tmp_path / "journal.sqlite3"
     with StepJournal(path) as journal:
-        log = journal._receipt_log_path(LOG_JOB)
+        log = journal.engine._receipt_log_path(LOG_JOB)
     insert(path, row("in-flight", "IN_FLIGHT", "d1"))
     log.parent.mkdir(exist_ok=True)
     line = json.dumps([LOG_JOB, "in-flight", "notify", "d1", '"r"', "r", 0])[:-2] + at + "]"
@@ -237,7 +237,7 @@ def ui_server(airflow_template, tmp_path_factory):
         with journal.open_job(LOGGED_JOB) as run:
             run.mark_in_flight("in-flight", "notify", "d1")
             run.flush(durable=True)
-        log = journal._receipt_log_path(LOGGED_JOB)
+        log = journal.engine._receipt_log_path(LOGGED_JOB)
     held_job(journal_path, HELD_JOB, "held-1")
     held_job(journal_path, HELD_JOB, "held-2")
     log.write_bytes(log_line("in-flight", "d1", "rcpt-in-log").replace(b"receipts/job", LOGGED_JOB.encode()))
@@ -376,7 +376,7 @@ def test_finding_4_reading_works_on_a_full_disk(small_disk):
     path = small_disk / "journal.sqlite3"
     held_job(path, JOB)
     with StepJournal(path) as journal:  # a dead runner's receipt log: a writer's open would fold it
-        log = journal._receipt_log_path(JOB)
+        log = journal.engine._receipt_log_path(JOB)
     log.write_bytes(b"")
     fill(small_disk)
     for command in (["held", JOB], ["show", JOB], ["jobs"], ["audit", JOB], ["export", JOB]):
@@ -570,7 +570,7 @@ def test_a_journal_created_by_another_process_between_two_reads_is_not_foreign(t
     import subprocess
     import sys
 
-    from airflow_resumable.journal.sqlite import SqliteJournal
+    from airflow_resumable.journal.sqlite import SqliteBackend
 
     path = tmp_path / "journal.sqlite3"
     create = [sys.executable, "-c", "import sys; from airflow_resumable.journal import StepJournal; "
@@ -591,14 +591,14 @@ def test_a_journal_created_by_another_process_between_two_reads_is_not_foreign(t
         def __getattr__(self, name):
             return getattr(self.conn, name)
 
-    class RacyJournal(SqliteJournal):
+    class RacyEngine(SqliteBackend):
         @property
         def _connection(self):
             if not hasattr(self, "_racy"):
                 self._racy = OtherProcessCreatesItMeanwhile(super()._connection)
             return self._racy
 
-    journal = RacyJournal(path)
+    journal = StepJournal.on(RacyEngine(path))
     try:
         assert journal.journal_id and journal.jobs() == []
     finally:

@@ -155,10 +155,10 @@ def test_wal_mode_and_busy_timeout(path):
         conn = raw(path)
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"  # persistent: the file is WAL
         conn.close()
-        assert journal._connection.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
-        assert journal._connection.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+        assert journal.engine._connection.execute("PRAGMA busy_timeout").fetchone()[0] == 2500
+        assert journal.engine._connection.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
     with StepJournal(path) as journal:
-        assert journal._connection.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
+        assert journal.engine._connection.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
 
 
 def test_busy_timeout_waits_for_another_writer(path):
@@ -531,7 +531,7 @@ def test_prune(location):
         assert journal.rows("old/done") == []
         assert {j: journal.rows(j) for j in kept} == before_rows
         if journal.kind == "sqlite":
-            assert not Path(journal._lock_path("old/done")).exists()
+            assert not Path(journal.engine._lock_path("old/done")).exists()
         summaries = {j.job_id: j for j in journal.jobs()}
         assert summaries["old/done"].pruned_at is not None and summaries["old/done"].items == 0
         assert all(s.pruned_at is None for j, s in summaries.items() if j != "old/done")
@@ -595,7 +595,7 @@ def test_resolution_audit_log_is_append_only(path):
         journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="alice", note="not there")
         before = snapshot(path)["resolutions"]
         assert len(before) == 1
-        for conn in (raw(path), journal._connection):
+        for conn in (raw(path), journal.engine._connection):
             with pytest.raises(sqlite3.DatabaseError, match="append-only"):
                 conn.execute("UPDATE resolutions SET resolved_by = 'mallory'")
             with pytest.raises(sqlite3.DatabaseError, match="append-only"):

@@ -245,7 +245,7 @@ def test_a_runner_whose_session_is_terminated_starts_no_further_send(postgres_ur
     reconnects silently; the next run resumes and the send caught in the middle is held, not resent."""
     sent: list[str] = []
     journal = StepJournal(postgres_url)
-    pid = journal._read("SELECT pg_backend_pid()")[0][0]
+    pid = journal.engine.read("SELECT pg_backend_pid()")[0][0]
 
     def terminate_at_item_5(ctx: StepContext) -> None:
         if ctx.item_id == "item-005":
@@ -304,7 +304,7 @@ def test_a_refused_statement_is_not_a_lost_session_and_the_claim_is_given_back(p
     sent: list[str] = []
     blocker = admin(postgres_url)
     journal = StepJournal(postgres_url)
-    journal._conn.execute("SET lock_timeout = '300ms'")
+    journal.engine._conn.execute("SET lock_timeout = '300ms'")
 
     def block_the_journal_at_item_3(ctx: StepContext) -> None:
         if ctx.item_id == "item-003":

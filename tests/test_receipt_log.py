@@ -41,7 +41,7 @@ def log_line(item_id, digest, receipt) -> bytes:
 def test_open_folds_a_dead_runners_log_into_exactly_the_rows_it_names(tmp_path):
     path = tmp_path / "journal.sqlite3"
     with StepJournal(path) as journal:
-        log = journal._receipt_log_path(JOB)
+        log = journal.engine._receipt_log_path(JOB)
     insert(path,
            row("in-flight", "IN_FLIGHT", "d1"),
            row("done", "SUCCEEDED", "d2", receipt="rcpt-old"),
@@ -75,7 +75,7 @@ def test_a_live_runners_log_is_left_to_it(tmp_path):
         run.flush(durable=True)
         run.mark_succeeded("a", "notify", "d", side_effect=True, output='"r"', receipt="r", log_receipt=True)
         run.write_receipts()
-        log = journal._receipt_log_path(JOB)
+        log = journal.engine._receipt_log_path(JOB)
         assert stat.S_IMODE(log.stat().st_mode) == 0o600
         with StepJournal(path) as other:  # another process's view while the run goes on
             assert [r.status for r in other.rows(JOB)] == [Status.IN_FLIGHT]
@@ -91,18 +91,18 @@ def test_a_send_costs_one_commit_and_its_receipt_one_log_line(tmp_path):
                                                             side_effect=True)]
     with StepJournal(tmp_path / "journal.sqlite3", durability="full") as journal:
         commits = []
-        real = journal._write
+        real = journal.engine.write
 
         def counting(*, durable):
             commits.append(durable)
             return real(durable=durable)
 
-        journal._write = counting  # type: ignore[method-assign]
+        journal.engine.write = counting  # type: ignore[method-assign]
         run_batch(journal, JOB, [{"id": i} for i in range(50)], steps)
     assert len(sent) == 50
     # One durable commit per send (its IN_FLIGHT mark, carrying the previous receipt), plus the close.
     assert commits.count(True) == 50 and len(commits) <= 52, commits
-    assert journal.fsync_count == 50
+    assert journal.engine.fsync_count == 50
 
 
 
@@ -170,20 +170,20 @@ def test_a_failed_flush_keeps_every_record_for_the_next_one(tmp_path):
 
 def test_upserts_fit_an_old_sqlite_variable_limit(tmp_path):
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
-        if not hasattr(journal._connection, "setlimit"):
+        if not hasattr(journal.engine._connection, "setlimit"):
             return  # Python 3.10: the conservative 999 is assumed anyway
-        journal._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # SQLite < 3.32
+        journal.engine._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # SQLite < 3.32
         steps = [Step("a", lambda item, ctx: 1), Step("b", lambda item, ctx: 2)]
         result = run_batch(journal, JOB, [{"id": i} for i in range(700)], steps)  # 1,400 rows buffered
         assert result.executed_steps == 1400 and len(journal.rows(JOB)) == 1400
 
 
 def test_a_run_waits_out_a_fold_that_holds_its_lock_for_a_moment(tmp_path):
-    from airflow_resumable.journal.base import FOLD_RUNNER as _FOLD_RUNNER
+    from airflow_resumable.journal.backend import FOLD_RUNNER as _FOLD_RUNNER
     from airflow_resumable.journal.sqlite import JobLock as _JobLock
 
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
-        fold = _JobLock(journal._lock_path(JOB), JOB, journal.path, runner=_FOLD_RUNNER)
+        fold = _JobLock(journal.engine._lock_path(JOB), JOB, journal.engine.path, runner=_FOLD_RUNNER)
         threading.Timer(0.3, fold.release).start()
         started = time.monotonic()
         with journal.open_job(JOB):

@@ -189,17 +189,17 @@ def test_a_resend_whose_mark_could_not_be_committed_leaves_no_audit_row(journal_
         sends: list[str] = []
         steps = [Step("send", lambda item, ctx: sends.append(ctx.item_id) or "r", side_effect=True,
                       verify=lambda ctx: NOT_DELIVERED)]
-        apply = journal._apply
+        apply = journal.engine.apply
 
         def mark_commit_fails(statements, *, durable):
             if durable:
                 raise OSError("the journal's disk went away")
             return apply(statements, durable=durable)
 
-        monkeypatch.setattr(journal, "_apply", mark_commit_fails)
+        monkeypatch.setattr(journal.engine, "apply", mark_commit_fails)
         with pytest.raises(OSError):
             run_batch(journal, JOB, [{"id": "a"}], steps)
-        monkeypatch.setattr(journal, "_apply", apply)
+        monkeypatch.setattr(journal.engine, "apply", apply)
         assert sends == [] and journal.resolutions(JOB) == []
         run_batch(journal, JOB, [{"id": "a"}], steps)
         assert sends == ["a"] and [r.resolved_by for r in journal.resolutions(JOB)] == ["verify"]

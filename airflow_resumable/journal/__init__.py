@@ -3,10 +3,11 @@
 ``StepJournal(path)`` opens a SQLite file on the worker's disk (the embedded default);
 ``StepJournal("postgresql://...")`` a schema in a PostgreSQL database that every worker reaches.
 The runner talks to both through :class:`JobRun`; the engines differ only below the seam described
-in :mod:`airflow_resumable.journal.backend`. This package imports nothing from Airflow.
+in :mod:`airflow_resumable.journal.backend` (``StepJournal.engine``). This package imports nothing from Airflow.
 """
 
-from airflow_resumable.journal.base import StepJournal, is_postgres_url, migrate
+from airflow_resumable.journal.base import StepJournal, migrate
+from airflow_resumable.journal.engines import is_postgres_url
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JobPrunedError,

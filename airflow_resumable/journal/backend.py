@@ -2,23 +2,29 @@
 
 :class:`~airflow_resumable.journal.base.StepJournal` (the read, resolution and housekeeping API) and
 :class:`~airflow_resumable.journal.jobrun.JobRun` (what the runner writes through) are written once,
-against the small set of primitives below. Each engine supplies them: ``sqlite.SqliteJournal`` (a
-file, ``flock`` claims, a receipt log beside the file) and ``postgres.PostgresJournal`` (a schema,
-session advisory-lock claims). Nothing above this seam knows which one it talks to.
+against :class:`JournalBackend`: the engine a journal holds (``StepJournal.engine``). Each engine
+implements it: :class:`~airflow_resumable.journal.sqlite.SqliteBackend` (a file, ``flock`` claims, a
+receipt log beside the file) and :class:`~airflow_resumable.journal.postgres.PostgresBackend` (a
+schema, session advisory-lock claims); :func:`~airflow_resumable.journal.engines.open_engine` picks one
+by the location. Nothing above this seam knows which one it talks to.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Literal, Protocol
 
+from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.statements import Statement
 
-class Statement(NamedTuple):
-    """One statement of a write: ``params`` for one execution, or (``many``) a list of them."""
+__all__ = ["BRIEF_HOLDERS", "Claim", "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Statement", "Tx"]
 
-    sql: str
-    params: Sequence[Any]
-    many: bool = False
+Durability = Literal["full", "normal"]
+
+# Who holds a job only for one short transaction: a runner finding them waits instead of failing.
+FOLD_RUNNER, RESOLUTION_RUNNER = "receipt log fold", "resolution"
+BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER)
 
 
 class Tx(Protocol):
@@ -73,33 +79,47 @@ class JournalBackend(Protocol):
     """What the journal's logic needs from an engine."""
 
     location: str  # where the journal is, fit for messages and logs (no password)
-    closed: bool
+    journal_id: str
+    kind: str  # "sqlite" | "postgresql"
+    shared: bool  # any worker may open it (a database server), or only the one whose disk holds it
+    durability: Durability
+    migrated_from: int | None  # the schema version the open found (None: a new journal)
+    commit_count: int  # write transactions committed; benchmarks and tests read them
+    durable_commit_count: int  # of which made durable before returning (full durability)
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+    @property
+    def closed(self) -> bool: ...
 
-    def _write(self, *, durable: bool) -> Any:
-        """A context manager around one short write transaction, yielding a :class:`Tx`.
+    def close(self) -> None: ...
+
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def write(self, *, durable: bool) -> contextlib.AbstractContextManager[Tx]:
+        """One short write transaction.
 
         ``durable``: the transaction guards a send (an IN_FLIGHT mark) or settles one (a
         resolution); under ``durability="full"`` it is on stable storage when the block exits.
         """
         ...
 
-    _max_params: int  # bound parameters one statement may carry
+    @property
+    def max_params(self) -> int:
+        """Bound parameters one statement may carry."""
+        ...
 
-    def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+    def upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
         """Statements that upsert these ``steps`` rows (``statements.UPSERT_ROW`` parameters each)."""
         ...
 
-    def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
-        """Commit these statements as one write (``durable`` as for :meth:`_write`); results unread."""
+    def apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
+        """Commit these statements as one write (``durable`` as for :meth:`write`); results unread."""
         ...
 
-    def _scratch(self) -> Any:
-        """A context manager yielding a :class:`Tx` on the run's temporary tables only (no lock)."""
+    def scratch(self) -> contextlib.AbstractContextManager[Tx]:
+        """A transaction on the run's temporary tables only (no lock on the journal)."""
         ...
 
-    def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
+    def claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
         """The job's claim, at once, or :class:`~airflow_resumable.journal.errors.JobBusyError`.
 
         ``brief`` claims (a resolution, a receipt-log fold) are held for one transaction; a runner
@@ -107,14 +127,53 @@ class JournalBackend(Protocol):
         """
         ...
 
-    def _recover(self, job_id: str) -> None:
+    def recover(self, job_id: str) -> None:
         """Commit what a dead runner of the job left outside the database (its receipt log)."""
         ...
 
-    def _receipt_log(self, job_id: str) -> ReceiptLog | None:
+    def receipt_log(self, job_id: str) -> ReceiptLog | None:
         """The job's receipt log, or None where every receipt rides with the next commit."""
         ...
 
-    def _seen_table_ddl(self, table: str) -> str:
+    def seen_table_ddl(self, table: str) -> str:
         """A temporary table ``(n <ascending integer key>, item_id TEXT UNIQUE, digest TEXT)``."""
         ...
+
+
+class EngineBase:
+    """What both engines share: the durability setting, the commit counters, the generic writes."""
+
+    location: str
+    journal_id: str
+    migrated_from: int | None = None
+
+    def __init__(self, durability: Durability) -> None:
+        if durability not in ("full", "normal"):
+            raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
+        self.durability: Durability = durability
+        self.commit_count = 0
+        self.durable_commit_count = 0
+
+    def write(self, *, durable: bool) -> contextlib.AbstractContextManager[Tx]:
+        raise NotImplementedError
+
+    @property
+    def max_params(self) -> int:
+        raise NotImplementedError
+
+    def upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+        return sql.upsert_statements(rows, self.max_params)
+
+    def apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
+        with self.write(durable=durable) as tx:
+            for statement in statements:
+                if statement.many:
+                    tx.many(statement.sql, statement.params)
+                else:
+                    tx.run(statement.sql, statement.params)
+
+    def recover(self, job_id: str) -> None:
+        return None
+
+    def receipt_log(self, job_id: str) -> ReceiptLog | None:
+        return None

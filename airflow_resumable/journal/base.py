@@ -9,18 +9,19 @@ import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import Claim, ReceiptLog, Statement, Tx
+from airflow_resumable.journal.backend import RESOLUTION_RUNNER, Durability, JournalBackend, Tx
+from airflow_resumable.journal.engines import is_postgres_url, open_engine
 from airflow_resumable.journal.errors import (
     JobBusyError,
-    JournalLocationError,
     NotHeldError,
     PageError,
     ResolutionError,
     StaleDecisionError,
 )
+from airflow_resumable.journal.jobrun import JobRun
 from airflow_resumable.journal.records import (
     DECISIONS,
     ENTRY_FIELDS,
@@ -43,16 +44,7 @@ from airflow_resumable.journal.records import (
     version_text,
 )
 
-if TYPE_CHECKING:
-    from airflow_resumable.journal.jobrun import JobRun
-
-Durability = Literal["full", "normal"]
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-
-# Who holds a job only for one short transaction: a runner finding them waits instead of failing.
-FOLD_RUNNER, RESOLUTION_RUNNER = "receipt log fold", "resolution"
-BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER)
+__all__ = ["StepJournal", "is_postgres_url", "migrate"]
 
 
 class _Found(list[tuple[Any, ...]]):
@@ -61,10 +53,6 @@ class _Found(list[tuple[Any, ...]]):
     def __init__(self, rows: list[tuple[Any, ...]], *, more: bool) -> None:
         super().__init__(rows)
         self.more = more
-
-
-def is_postgres_url(location: object) -> bool:
-    return isinstance(location, str) and location.lower().startswith(POSTGRES_SCHEMES)
 
 
 def migrate(location: str | os.PathLike[str], **options: Any) -> tuple[int | None, int]:
@@ -76,8 +64,7 @@ def migrate(location: str | os.PathLike[str], **options: Any) -> tuple[int | Non
     """
     from airflow_resumable.journal.schema import SCHEMA_VERSION
 
-    # StepJournal(...) builds the engine's class, whose __init__ takes the location and the options.
-    with StepJournal(location, migrate=True, **options) as journal:  # type: ignore[call-arg, arg-type]
+    with StepJournal(location, migrate=True, **options) as journal:
         return journal.migrated_from, SCHEMA_VERSION
 
 
@@ -86,7 +73,8 @@ class StepJournal:
 
     ``StepJournal(location, ...)`` opens a SQLite file when ``location`` is a path, and a
     PostgreSQL schema when it is a ``postgresql://`` or ``postgres://`` URL (a shared journal that
-    every worker reaches). Both have the same methods, records, errors and guarantees.
+    every worker reaches). Both have the same methods, records, errors and guarantees: this class is
+    written once over :attr:`engine` (a :class:`~airflow_resumable.journal.backend.JournalBackend`).
 
     :param location: a filesystem path, or a libpq URL.
     :param durability: ``"full"`` (default): the ``IN_FLIGHT`` mark of every send is on stable
@@ -96,86 +84,67 @@ class StepJournal:
     ``readonly=True``: open for reading only (the UI page, the CLI's read commands): the open writes
     nothing, so it works on a full disk; a SQLite journal then shows what is committed, and receipts a
     dead runner left in its receipt log are folded by the next writer (a run, a resolution, prune).
+    ``migrate=True``: move a shared journal of an older schema to this release's (see :func:`migrate`).
     SQLite only: ``allow_network_filesystem``, ``busy_timeout``. PostgreSQL only: ``schema``
     (default ``resumable``), ``claim_timeout`` (seconds within which a runner that vanished or was
     cut off from the server loses its claim on a job, default 30), ``connect_timeout``.
     """
 
-    location: str
-    journal_id: str
-    kind: str  # "sqlite" | "postgresql"
-    # Whether any worker may open this journal (a database server), or only the worker whose disk holds it.
-    shared: bool
-    migrated_from: int | None = None  # the schema version this open found (None: a new journal)
-
-    def __new__(cls, location: str | os.PathLike[str], *args: Any, **kwargs: Any) -> StepJournal:
-        if cls is StepJournal:
-            if is_postgres_url(location):
-                from airflow_resumable.journal.postgres import PostgresJournal
-
-                return super().__new__(PostgresJournal)
-            if isinstance(location, str) and "://" in location:
-                raise JournalLocationError(
-                    f"journal location {location.split('://', 1)[0]}://... is not supported: give a file "
-                    "path (SQLite) or a postgresql:// URL"
-                )
-            from airflow_resumable.journal.sqlite import SqliteJournal
-
-            return super().__new__(SqliteJournal)
-        return super().__new__(cls)
-
-    def __init__(self, durability: Durability) -> None:
-        if durability not in ("full", "normal"):
-            raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
-        self.durability: Durability = durability
-        self.commit_count = 0  # write transactions committed; benchmarks and tests read them
-        self.durable_commit_count = 0  # of which made durable before returning (full durability)
+    def __init__(self, location: str | os.PathLike[str], *, durability: Durability = "full", **options: Any) -> None:
+        self.engine: JournalBackend = open_engine(location, durability=durability, **options)
         self._deciding: set[str] = set()  # jobs whose claim this journal holds for a decision (deciding())
 
-    # -- engine primitives (see backend.JournalBackend) ---------------------------------------
+    @classmethod
+    def on(cls, engine: JournalBackend) -> StepJournal:
+        """A journal over an engine opened by hand (a test's, an engine of one's own)."""
+        journal = cls.__new__(cls)
+        journal.engine, journal._deciding = engine, set()
+        return journal
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
-        raise NotImplementedError
-
-    def _write(self, *, durable: bool) -> contextlib.AbstractContextManager[Tx]:
-        raise NotImplementedError
-
-    def _scratch(self) -> contextlib.AbstractContextManager[Tx]:
-        raise NotImplementedError
+    # What the engine says about itself.
 
     @property
-    def _max_params(self) -> int:
-        raise NotImplementedError
+    def location(self) -> str:
+        return self.engine.location
 
-    def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
-        return sql.upsert_statements(rows, self._max_params)
+    @property
+    def journal_id(self) -> str:
+        return self.engine.journal_id
 
-    def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
-        with self._write(durable=durable) as tx:
-            for statement in statements:
-                if statement.many:
-                    tx.many(statement.sql, statement.params)
-                else:
-                    tx.run(statement.sql, statement.params)
+    @property
+    def kind(self) -> str:
+        return self.engine.kind
 
-    def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
-        raise NotImplementedError
+    @property
+    def shared(self) -> bool:
+        """Whether any worker may open this journal (a database server), or only the worker whose disk holds it."""
+        return self.engine.shared
 
-    def _recover(self, job_id: str) -> None:
-        return None
+    @property
+    def durability(self) -> Durability:
+        return self.engine.durability
 
-    def _receipt_log(self, job_id: str) -> ReceiptLog | None:
-        return None
+    @property
+    def migrated_from(self) -> int | None:
+        """The schema version this open found (None: a new journal)."""
+        return self.engine.migrated_from
 
-    def _seen_table_ddl(self, table: str) -> str:
-        raise NotImplementedError
+    @property
+    def commit_count(self) -> int:
+        """Write transactions committed; benchmarks and tests read them."""
+        return self.engine.commit_count
+
+    @property
+    def durable_commit_count(self) -> int:
+        """Of which made durable before returning (full durability)."""
+        return self.engine.durable_commit_count
 
     @property
     def closed(self) -> bool:
-        raise NotImplementedError
+        return self.engine.closed
 
     def close(self) -> None:
-        raise NotImplementedError
+        self.engine.close()
 
     def __enter__(self) -> StepJournal:
         return self
@@ -191,12 +160,10 @@ class StepJournal:
     def open_job(self, job_id: str, *, runner: str | None = None, dag_id: str | None = None) -> JobRun:
         """Claim ``job_id`` for one runner (at once, or :class:`JobBusyError`). ``dag_id``: the Airflow
         DAG running it, recorded with the job by its first run (it decides who may settle its items)."""
-        from airflow_resumable.journal.jobrun import JobRun
-
-        return JobRun(self, job_id, runner=runner, dag_id=dag_id)
+        return JobRun(self.engine, job_id, runner=runner, dag_id=dag_id)
 
     def has_job(self, job_id: str) -> bool:
-        return bool(self._read(sql.JOB_EXISTS, (job_id,)))
+        return bool(self.engine.read(sql.JOB_EXISTS, (job_id,)))
 
     # -- read API -----------------------------------------------------------------------------
 
@@ -226,7 +193,7 @@ class StepJournal:
         return Page(summaries, None if last is None else self._cursor("jobs", last[1], last[0]))
 
     def job(self, job_id: str) -> JobSummary | None:
-        found = self._read(sql.JOB_SUMMARY, (job_id,))
+        found = self.engine.read(sql.JOB_SUMMARY, (job_id,))
         return self._summary(found[0]) if found else None
 
     @staticmethod
@@ -284,10 +251,10 @@ class StepJournal:
     def _page(self, query: str, params: list[Any], limit: int | None) -> _Found:
         """The rows of ``query``; with a limit, at most that many, and whether more follow."""
         if limit is None:
-            return _Found(self._read(query, params), more=False)
+            return _Found(self.engine.read(query, params), more=False)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise PageError(f"limit must be a whole number from 1 to {MAX_PAGE}, not {str(limit)[:40]!r}")
-        found = self._read(query + " LIMIT ?", [*params, limit + 1])
+        found = self.engine.read(query + " LIMIT ?", [*params, limit + 1])
         return _Found(found[:limit], more=len(found) > limit)
 
     @staticmethod
@@ -324,7 +291,7 @@ class StepJournal:
 
     def open_rows(self, job_id: str) -> list[StepRecord]:
         """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
-        return [step_record(r) for r in self._read(sql.OPEN_ROWS, (job_id,))]
+        return [step_record(r) for r in self.engine.read(sql.OPEN_ROWS, (job_id,))]
 
     def resolutions(
         self, job_id: str, *, limit: int | None = None, cursor: str | None = None, newest_first: bool = False,
@@ -416,7 +383,7 @@ class StepJournal:
         self._check_outcome(delivered, receipt)
         self._check_names(job_id, item_id, step)
         version = self._check_version(expected_version)
-        with self.deciding(job_id), self._write(durable=True) as tx:
+        with self.deciding(job_id), self.engine.write(durable=True) as tx:
             return self._settle_outcome(tx, job_id, item_id, step, delivered, receipt, resolved_by, note, version)
 
     @classmethod
@@ -492,7 +459,7 @@ class StepJournal:
             raise ResolutionError("use_new_input must be True or False")
         self._check_names(job_id, item_id)
         version = self._check_version(expected_version)
-        with self.deciding(job_id), self._write(durable=True) as tx:
+        with self.deciding(job_id), self.engine.write(durable=True) as tx:
             return self._settle_input_change(tx, job_id, item_id, use_new_input, resolved_by, note, version)
 
     def _settle_input_change(
@@ -561,7 +528,7 @@ class StepJournal:
         with contextlib.ExitStack() as quiet:
             for job_id in jobs:  # in one order, so two bulk calls never wait on each other crosswise
                 quiet.enter_context(self.deciding(job_id))
-            with self._write(durable=True) as tx:
+            with self.engine.write(durable=True) as tx:
                 done: dict[int, Resolution] = {}
                 # Sends' outcomes first, then input changes: an item may have both held, and a
                 # use_new_input moves its sends on (they are then no longer held), so the list's order
@@ -629,7 +596,7 @@ class StepJournal:
             yield
             return
         try:
-            claim = self._claim(job_id, runner=RESOLUTION_RUNNER, brief=True)
+            claim = self.engine.claim(job_id, runner=RESOLUTION_RUNNER, brief=True)
         except JobBusyError as exc:
             raise JobBusyError(
                 f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
@@ -637,7 +604,7 @@ class StepJournal:
             ) from None
         self._deciding.add(job_id)
         try:
-            self._recover(job_id)
+            self.engine.recover(job_id)
             yield
         finally:
             self._deciding.discard(job_id)
@@ -682,19 +649,19 @@ class StepJournal:
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError("older_than must be a non-negative datetime.timedelta, e.g. timedelta(days=30)")
         cutoff = time.time() - older_than.total_seconds()
-        pruned = [job_id for (job_id,) in self._read(sql.PRUNES_UNDER_WAY) if self._prune_job(job_id, resume=True)]
-        pruned += [job_id for (job_id,) in self._read(sql.PRUNE_CANDIDATES, (cutoff,))
+        pruned = [job_id for (job_id,) in self.engine.read(sql.PRUNES_UNDER_WAY) if self._prune_job(job_id, resume=True)]
+        pruned += [job_id for (job_id,) in self.engine.read(sql.PRUNE_CANDIDATES, (cutoff,))
                    if self._prune_job(job_id, resume=False)]
         return pruned
 
     def _prune_job(self, job_id: str, *, resume: bool) -> bool:
         try:
-            claim = self._claim(job_id, runner="prune")
+            claim = self.engine.claim(job_id, runner="prune")
         except JobBusyError:
             return False  # running right now: not finished after all
         try:
             if not resume:
-                with self._write(durable=True) as tx:
+                with self.engine.write(durable=True) as tx:
                     # Re-check under the claim: a run may have started and stopped in between.
                     if tx.one(sql.JOB_STILL_FINISHED, (job_id,)) is None:
                         return False
@@ -702,7 +669,7 @@ class StepJournal:
             after = ""  # item ids are never empty: "" comes before every one
             while True:
                 started = time.monotonic()
-                with self._write(durable=False) as tx:
+                with self.engine.write(durable=False) as tx:
                     (last,) = tx.one(sql.PRUNE_BATCH_END, (job_id, after, self.PRUNE_BATCH_ITEMS)) or (None,)
                     if last is not None:
                         tx.run(sql.PRUNE_BATCH, (job_id, after, last))

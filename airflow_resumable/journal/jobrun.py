@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import Claim, Statement
-from airflow_resumable.journal.base import BRIEF_HOLDERS, StepJournal
+from airflow_resumable.journal.backend import BRIEF_HOLDERS, Claim, JournalBackend, Statement
 from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
 
@@ -43,31 +42,31 @@ class JobRun:
     # A receipt log past this size is emptied after the next commit (all of it is committed then).
     RECEIPT_LOG_LIMIT = 1 << 20
 
-    def __init__(self, journal: StepJournal, job_id: str, *, runner: str | None, dag_id: str | None = None) -> None:
-        self.journal = journal
+    def __init__(self, engine: JournalBackend, job_id: str, *, runner: str | None, dag_id: str | None = None) -> None:
+        self.engine = engine
         self.job_id = job_id
         self.dag_id = dag_id
         self._pending: list[Record] = []
         self._last_flush = time.monotonic()
-        self._claim = self._take_claim(journal, job_id, runner)
+        self._claim = self._take_claim(engine, job_id, runner)
         self._seen_table = f"seen_{uuid.uuid4().hex}"
         try:
-            found = journal._read(sql.JOB_PRUNED_AT, (job_id,))
+            found = engine.read(sql.JOB_PRUNED_AT, (job_id,))
             if found and found[0][0] is not None:
                 raise JobPrunedError(
-                    f"job {job_id!r} was pruned from journal {journal.location} on "
+                    f"job {job_id!r} was pruned from journal {engine.location} on "
                     f"{ts(found[0][0]):%Y-%m-%d}; its history is gone, so running it again would "
                     "re-send every item. Use a new job_id only if sending everything again is intended."
                 )
             # Every item id of this run with its digest (to refuse a repeated id across chunks
             # without holding a million ids in memory); rows after _chunk_start are the current chunk.
-            with journal._scratch() as tx:
-                tx.run(journal._seen_table_ddl(self._seen_table))
+            with engine.scratch() as tx:
+                tx.run(engine.seen_table_ddl(self._seen_table))
             # A job with no rows yet cannot have finished items: its first run skips the bulk check.
-            self._new_job = not journal._read(sql.JOB_HAS_ROWS, (job_id,))
+            self._new_job = not engine.read(sql.JOB_HAS_ROWS, (job_id,))
             # A previous run of this job that died left its receipts behind: commit them before deciding.
-            journal._recover(job_id)
-            self._receipts = journal._receipt_log(job_id)
+            engine.recover(job_id)
+            self._receipts = engine.receipt_log(job_id)
         except BaseException:
             self._claim.release()
             raise
@@ -85,13 +84,13 @@ class JobRun:
         self._unfinished_marked = False
 
     @staticmethod
-    def _take_claim(journal: StepJournal, job_id: str, runner: str | None) -> Claim:
+    def _take_claim(engine: JournalBackend, job_id: str, runner: str | None) -> Claim:
         # Another process may hold the job for a moment to fold its receipt log or to resolve one
         # of its items: wait that out rather than fail the try. A running runner fails us at once.
         deadline = time.monotonic() + FOLD_WAIT_SECONDS
         while True:
             try:
-                return journal._claim(job_id, runner=runner)
+                return engine.claim(job_id, runner=runner)
             except JobBusyError as exc:
                 if exc.runner not in BRIEF_HOLDERS or time.monotonic() >= deadline:
                     raise
@@ -106,7 +105,7 @@ class JobRun:
             return found  # ids are unique within a run: only this run could have written them
         for start in range(0, len(item_ids), LOOKUP_CHUNK):
             part = item_ids[start:start + LOOKUP_CHUNK]
-            for item_id, step, status, digest, output, held_reason, generation, not_sent in self.journal._read(
+            for item_id, step, status, digest, output, held_reason, generation, not_sent in self.engine.read(
                 sql.lookup_rows(len(part)), (self.job_id, *part)
             ):
                 found.setdefault(item_id, {})[step] = StepState(
@@ -121,7 +120,7 @@ class JobRun:
         When nothing is repeated the chunk becomes the current one for :meth:`unfinished`.
         """
         table = self._seen_table
-        with self.journal._scratch() as tx:
+        with self.engine.scratch() as tx:
             row = tx.one(sql.SEEN_MAX.format(table=table))
             start = (row[0] if row else None) or 0
             added = tx.many(sql.SEEN_INSERT.format(table=table), chunk)
@@ -144,7 +143,7 @@ class JobRun:
             return set(self._chunk_ids)
         return {
             r[0]
-            for r in self.journal._read(
+            for r in self.engine.read(
                 sql.seen_unfinished(self._seen_table, len(steps)),
                 (self._chunk_start, len(steps), self.job_id, *steps),
             )
@@ -297,15 +296,15 @@ class JobRun:
                 end += 1
             rows = [params for _, params in pending[start:end]]
             if statement is sql.UPSERT:
-                statements += self.journal._upsert_statements(rows)
+                statements += self.engine.upsert_statements(rows)
             else:
                 statements.append(Statement(statement, rows, many=True))
             start = end
-        self.journal._apply(statements, durable=durable)
+        self.engine.apply(statements, durable=durable)
 
     def close(self) -> None:
         try:
-            if self.journal.closed:
+            if self.engine.closed:
                 return  # the journal went first: nothing can be written, the claim is freed below
             if self._pending or self._flushed:
                 self._pending.append(self._touch(time.time()))  # the job's last update: this run's end
@@ -314,11 +313,11 @@ class JobRun:
             # open to fold. After an earlier failed flush, fold it anyway (harmless if done).
             if self._receipts is not None:
                 if self._flush_failed:
-                    self.journal._recover(self.job_id)
+                    self.engine.recover(self.job_id)
                 self._receipts.discard()
                 self._receipts = None
             try:
-                with self.journal._scratch() as tx:
+                with self.engine.scratch() as tx:
                     tx.run(f"DROP TABLE IF EXISTS {self._seen_table}")
             except Exception:  # noqa: BLE001, S110 - a temporary table goes with the connection anyway
                 pass

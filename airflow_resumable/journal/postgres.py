@@ -47,8 +47,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import Statement
-from airflow_resumable.journal.base import BRIEF_HOLDERS, Durability, StepJournal
+from airflow_resumable.journal.backend import BRIEF_HOLDERS, Durability, EngineBase, Statement
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JournalConnectionError,
@@ -133,8 +132,8 @@ class PgTx:
         return int(row[0])
 
 
-class PostgresJournal(StepJournal):
-    """A shared step journal in a PostgreSQL schema.
+class PostgresBackend(EngineBase):
+    """The engine of a shared step journal in a PostgreSQL schema.
 
     :param url: a libpq URL, ``postgresql://user:password@host:5432/dbname`` (any libpq option may
         follow as a query parameter, e.g. ``?sslmode=require``).
@@ -189,7 +188,7 @@ class PostgresJournal(StepJournal):
         self._connect(url, connect_timeout)
         try:
             self._migrate(explicit=migrate)
-            found = self._read(sql.JOURNAL_ID)
+            found = self.read(sql.JOURNAL_ID)
             self.journal_id = str(found[0][0])
         except BaseException:
             self.close()
@@ -339,7 +338,7 @@ class PostgresJournal(StepJournal):
         )
 
     @contextlib.contextmanager
-    def _write(self, *, durable: bool) -> Iterator[PgTx]:
+    def write(self, *, durable: bool) -> Iterator[PgTx]:
         """One short write transaction; under full durability its commit is synchronous."""
         conn = self._connection
         synchronous = durable and self.durability == "full"
@@ -371,19 +370,19 @@ class PostgresJournal(StepJournal):
         if synchronous:
             self.durable_commit_count += 1
 
-    _max_params = _MAX_PARAMS
+    max_params = _MAX_PARAMS
 
-    def _upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
+    def upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
         # One JSON text of rows: the statement's text is the same whatever the number of rows.
         return [
             Statement(sql.UPSERT_JSON, [_ROWS_JSON.encode(part)])
             for part in sql.without_repeats(rows, UPSERT_JSON_ROWS)
         ]
 
-    def _apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
+    def apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
         synchronous = durable and self.durability == "full"
         if len(statements) != 1 or statements[0].many:
-            super()._apply(statements, durable=durable)
+            super().apply(statements, durable=durable)
             return
         # One statement is a transaction of its own (autocommit): one round trip instead of the
         # three of BEGIN, the statement and COMMIT. It commits with the session's
@@ -392,7 +391,7 @@ class PostgresJournal(StepJournal):
         statement = statements[0]
         if synchronous:
             if statement.sql is not sql.UPSERT_JSON:
-                super()._apply(statements, durable=durable)
+                super().apply(statements, durable=durable)
                 return
             statement = Statement(sql.UPSERT_JSON_SYNCHRONOUS, statement.params)
         conn = self._connection
@@ -401,7 +400,7 @@ class PostgresJournal(StepJournal):
         self._committed(synchronous)
 
     @contextlib.contextmanager
-    def _scratch(self) -> Iterator[PgTx]:
+    def scratch(self) -> Iterator[PgTx]:
         conn = self._connection
         try:
             with conn.transaction(), conn.cursor() as cursor:
@@ -409,10 +408,10 @@ class PostgresJournal(StepJournal):
         except psycopg.Error as exc:
             raise self._failed(exc) from None
 
-    def _seen_table_ddl(self, table: str) -> str:
+    def seen_table_ddl(self, table: str) -> str:
         return f"CREATE TEMP TABLE {table} (n BIGSERIAL PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL)"
 
-    def _read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         conn = self._connection
         try:
             rows: list[tuple[Any, ...]] = conn.execute(_pg(statement), params).fetchall()
@@ -428,7 +427,7 @@ class PostgresJournal(StepJournal):
         who = f"{os.getpid()}@{socket.gethostname()}"
         return f"resumable|{who}|{runner or ''}".encode()[:63].decode("utf-8", "ignore")
 
-    def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> AdvisoryClaim:
+    def claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> AdvisoryClaim:
         if job_id in self._claimed:
             busy = JobBusyError(
                 f"job {job_id!r} is already running in this process (journal {self.location}). Nothing was "
@@ -466,7 +465,7 @@ class PostgresJournal(StepJournal):
 class AdvisoryClaim:
     """A job's claim: a session-level advisory lock on the journal's own connection."""
 
-    def __init__(self, journal: PostgresJournal, job_id: str, runner: str | None) -> None:
+    def __init__(self, journal: PostgresBackend, job_id: str, runner: str | None) -> None:
         self.journal, self.job_id = journal, job_id
         self.key = _lock_key(journal.schema, job_id)
         conn = journal._connection

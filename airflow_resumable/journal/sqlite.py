@@ -43,7 +43,7 @@ from typing import Any
 
 from airflow_resumable._fs import network_location_reason
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.base import FOLD_RUNNER, Durability, StepJournal
+from airflow_resumable.journal.backend import FOLD_RUNNER, Durability, EngineBase
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JournalCorruptError,
@@ -89,8 +89,8 @@ class SqliteTx:
         return int(self.conn.execute(sql, params).lastrowid or 0)
 
 
-class SqliteJournal(StepJournal):
-    """A SQLite step journal on a local disk.
+class SqliteBackend(EngineBase):
+    """The engine of a SQLite step journal on a local disk.
 
     :param path: the journal file; its directory is created ``0700`` and the file ``0600``.
     :param durability: ``"full"`` (default) fsyncs the ``IN_FLIGHT`` mark of every send before the
@@ -338,7 +338,7 @@ class SqliteJournal(StepJournal):
     # -- transactions -------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _write(self, *, durable: bool) -> Iterator[SqliteTx]:
+    def write(self, *, durable: bool) -> Iterator[SqliteTx]:
         """One short write transaction; fsync'd afterwards when ``durable`` under full durability."""
         conn = self._connection
         try:
@@ -364,7 +364,7 @@ class SqliteJournal(StepJournal):
             self.durable_commit_count += 1
 
     @contextlib.contextmanager
-    def _scratch(self) -> Iterator[SqliteTx]:
+    def scratch(self) -> Iterator[SqliteTx]:
         # One transaction of the temporary database: it takes no lock on the journal file itself.
         conn = self._connection
         conn.execute("BEGIN")
@@ -374,10 +374,10 @@ class SqliteJournal(StepJournal):
             conn.execute("COMMIT")
 
     @property
-    def _max_params(self) -> int:
+    def max_params(self) -> int:
         return _variable_limit(self._connection)
 
-    def _seen_table_ddl(self, table: str) -> str:
+    def seen_table_ddl(self, table: str) -> str:
         return f"CREATE TEMP TABLE {table} (n INTEGER PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL)"
 
     def _sync_wal(self) -> None:
@@ -399,7 +399,7 @@ class SqliteJournal(StepJournal):
             raise
         self.fsync_count += 1
 
-    def _read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:
             return self._connection.execute(sql, params).fetchall()
         except sqlite3.DatabaseError as exc:
@@ -414,13 +414,13 @@ class SqliteJournal(StepJournal):
     def _receipt_log_path(self, job_id: str) -> Path:
         return self._lock_path(job_id).with_suffix(RECEIPT_LOG_SUFFIX)
 
-    def _claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> JobLock:
+    def claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> JobLock:
         return JobLock(self._lock_path(job_id), job_id, self.path, runner=runner)
 
-    def _recover(self, job_id: str) -> None:
+    def recover(self, job_id: str) -> None:
         self._fold_receipt_log(self._receipt_log_path(job_id))
 
-    def _receipt_log(self, job_id: str) -> FileReceiptLog:
+    def receipt_log(self, job_id: str) -> FileReceiptLog:
         return FileReceiptLog(self._receipt_log_path(job_id))
 
     def _fold_orphaned_receipt_logs(self) -> None:
@@ -465,7 +465,7 @@ class SqliteJournal(StepJournal):
                 continue
             updates.append((receipt, output, at, job_id, item_id, step, digest))
         if updates:
-            with self._write(durable=True) as tx:
+            with self.write(durable=True) as tx:
                 tx.many(sql.FOLD_RECEIPT, updates)
         path.unlink(missing_ok=True)
 

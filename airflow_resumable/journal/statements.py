@@ -9,9 +9,16 @@ both engines, so the records and the comparisons are the same code.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from airflow_resumable.journal.backend import Statement
+
+class Statement(NamedTuple):
+    """One statement of a write: ``params`` for one execution, or (``many``) a list of them."""
+
+    sql: str
+    params: Sequence[Any]
+    many: bool = False
+
 
 # The columns the runner writes (the upserts), and those a StepRecord is read from: the key's
 # generation is never written by a runner (a use_new_input resolution moves it on).
