@@ -109,49 +109,50 @@ _SQLITE_COUNTERS = (
        END""",
 )
 
-# PostgreSQL: a trigger per row for inserts and updates - a run's statements are mostly of one or a few
-# rows, where a statement trigger's transition tables and aggregate cost twice the statement itself -
-# and one per statement for deletions (prune deletes thousands of rows at a time). A row trigger runs at
-# the end of its statement, when the statement's other rows are visible: an item is counted by its first
-# row in (created_at, step) order, which never changes (no statement moves created_at).
-_PG_NEW_ITEM = """NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = NEW.job_id AND s.item_id = NEW.item_id
-                                 AND (s.created_at, s.step) < (NEW.created_at, NEW.step))"""
+# PostgreSQL: one trigger per statement, over its transition tables, so a statement of thousands of
+# rows updates each job's row once (a trigger per row would update it once per row, and every update of
+# one row in one transaction makes its next update walk a longer chain of versions: quadratic). An
+# INSERT ... ON CONFLICT DO UPDATE fires both: the rows it inserted reach the INSERT trigger, those it
+# updated the UPDATE trigger. An item is new when all its rows are rows this statement inserted.
 _PG_SUMS = ", ".join(f"count(*) FILTER (WHERE {t})" for t in _row_counts("r"))
+# What each row adds (+) or takes away (-) from each count, as one column per counter.
+_PG_SIGNED = ", ".join(f"({t})::int * sign AS {c}" for t, c in zip(_row_counts("r"), COUNTERS[1:], strict=True))
 _PG_COUNTERS = (
     *_counters("BIGINT"),
     """CREATE FUNCTION steps_key_fixed() RETURNS trigger LANGUAGE plpgsql AS
        'BEGIN RAISE EXCEPTION ''a step row keeps its job, item, step and creation time''; END'""",
     """CREATE TRIGGER steps_key_fixed BEFORE UPDATE OF job_id, item_id, step, created_at ON steps
        FOR EACH ROW EXECUTE FUNCTION steps_key_fixed()""",
-    # The job's row is there already but for its very first rows (a plain UPDATE is the cheap case).
     f"""CREATE FUNCTION steps_counted_insert() RETURNS trigger LANGUAGE plpgsql AS $$
-       DECLARE
-         new_item int := ({_PG_NEW_ITEM})::int;
        BEGIN
-         UPDATE jobs SET n_items = n_items + new_item,
-                         {", ".join(f"{c} = {c} + {t}::int" for c, t in zip(COUNTERS[1:], _row_counts("NEW"), strict=True))}
-         WHERE job_id = NEW.job_id;
-         IF NOT FOUND THEN
-           INSERT INTO jobs AS j (job_id, created_at, updated_at, {", ".join(COUNTERS)})
-           VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, new_item,
-                   {", ".join(f"{t}::int" for t in _row_counts("NEW"))})
-           ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = j.{c} + excluded.{c}" for c in COUNTERS)};
-         END IF;
+         INSERT INTO jobs AS j (job_id, created_at, updated_at, {", ".join(COUNTERS)})
+         SELECT r.job_id, min(r.created_at), max(r.updated_at),
+                count(*) FILTER (WHERE r.first_of_item AND r.added = (
+                    SELECT count(*) FROM steps s WHERE s.job_id = r.job_id AND s.item_id = r.item_id)),
+                {_PG_SUMS}
+         FROM (SELECT i.*, count(*) OVER item AS added, row_number() OVER item = 1 AS first_of_item
+               FROM inserted i WINDOW item AS (PARTITION BY i.job_id, i.item_id)) AS r
+         GROUP BY r.job_id
+         ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = j.{c} + excluded.{c}" for c in COUNTERS)};
          RETURN NULL;
        END $$""",
-    """CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps
-       FOR EACH ROW EXECUTE FUNCTION steps_counted_insert()""",
+    """CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps REFERENCING NEW TABLE AS inserted
+       FOR EACH STATEMENT EXECUTE FUNCTION steps_counted_insert()""",
+    # An update's change to each count: what the rows count now, less what they counted before.
     f"""CREATE FUNCTION steps_counted_update() RETURNS trigger LANGUAGE plpgsql AS $$
        BEGIN
-         UPDATE jobs SET {", ".join(f"{c} = {c} + {new}::int - {old}::int" for c, new, old in
-                                    zip(COUNTERS[1:], _row_counts("NEW"), _row_counts("OLD"), strict=True))}
-         WHERE job_id = NEW.job_id;
+         UPDATE jobs AS j SET {", ".join(f"{c} = j.{c} + d.{c}" for c in COUNTERS[1:])}
+         FROM (SELECT job_id, {", ".join(f"sum({c}) AS {c}" for c in COUNTERS[1:])}
+               FROM (SELECT r.job_id, {_PG_SIGNED} FROM (SELECT *, 1 AS sign FROM after_update) AS r
+                     UNION ALL
+                     SELECT r.job_id, {_PG_SIGNED} FROM (SELECT *, -1 AS sign FROM before_update) AS r) AS changes
+               GROUP BY job_id) AS d
+         WHERE j.job_id = d.job_id AND ({", ".join(f"d.{c}" for c in COUNTERS[1:])}) != (0, 0, 0, 0, 0);
          RETURN NULL;
        END $$""",
-    """CREATE TRIGGER steps_counted_update AFTER UPDATE ON steps FOR EACH ROW
-       WHEN (OLD.status != NEW.status OR OLD.held_reason IS DISTINCT FROM NEW.held_reason
-             OR OLD.side_effect != NEW.side_effect OR OLD.not_sent != NEW.not_sent)
-       EXECUTE FUNCTION steps_counted_update()""",
+    """CREATE TRIGGER steps_counted_update AFTER UPDATE ON steps
+       REFERENCING OLD TABLE AS before_update NEW TABLE AS after_update
+       FOR EACH STATEMENT EXECUTE FUNCTION steps_counted_update()""",
     f"""CREATE FUNCTION steps_counted_delete() RETURNS trigger LANGUAGE plpgsql AS $$
        BEGIN
          UPDATE jobs AS j SET {", ".join(f"{c} = j.{c} - d.{c}" for c in COUNTERS)}
