@@ -29,7 +29,14 @@ from benchmarks import report
 REPO = Path(__file__).resolve().parents[1]
 
 SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency",
-            "peer_postgres", "concurrency_postgres", "scaleout_postgres")
+            "peer_postgres", "concurrency_postgres", "scaleout_postgres", "journal_size", "journal_size_postgres")
+
+# The journal-size sections' sizes (benchmarks.journal_size). jobs_small is above the pages' 100, so
+# both journals fill every page and the ratios are about the journal, not about what a page shows.
+JOURNAL_SIZE = {"n_big": 10_000_000, "jobs_big": 300, "n_small": 10_000, "jobs_small": 120,
+                "new_items": 10_000, "reps": 5, "new_reps": 3}
+JOURNAL_SIZE_QUICK = {"n_big": 100_000, "jobs_big": 30, "n_small": 10_000, "jobs_small": 12,
+                      "new_items": 1_000, "reps": 3, "new_reps": 1}
 
 # Sizes of a full run and of --quick. --n caps every item count (the smoke test uses it).
 SIZES: dict[str, dict[str, dict[str, int]]] = {
@@ -45,6 +52,10 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "concurrency_postgres": {"n": 10_000, "serial_n": 2_000},
         # n items per runner process; 1 runner, then 8 at once, 3 times (the median repetition is reported).
         "scaleout_postgres": {"n": 1_000, "processes": 8, "reps": 3},
+        # SPEC §11: a journal of n_big items (3 steps each) vs one of n_small, filled in SQL; the prune
+        # takes the big journal's finished half. --journal-items sets n_big.
+        "journal_size": JOURNAL_SIZE,
+        "journal_size_postgres": JOURNAL_SIZE,
     },
     "quick": {
         "article": {"trials": 2},
@@ -56,6 +67,8 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "peer_postgres": {"n": 30, "reps": 1},
         "concurrency_postgres": {"n": 500, "serial_n": 200},
         "scaleout_postgres": {"n": 100, "processes": 8, "reps": 1},
+        "journal_size": JOURNAL_SIZE_QUICK,
+        "journal_size_postgres": JOURNAL_SIZE_QUICK,
     },
 }
 
@@ -97,7 +110,23 @@ def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
         from benchmarks import scaleout
 
         return scaleout.measure(params["n"], processes=params["processes"], reps=params["reps"])
+    if name in ("journal_size", "journal_size_postgres"):
+        from benchmarks import journal_size
+
+        return journal_size.measure_postgres(params) if name.endswith("_postgres") else journal_size.measure(params)
     raise SystemExit(f"unknown section {name!r}")
+
+
+def _journal_sizes(params: dict[str, int], cap: int | None, big: int | None) -> dict[str, int]:
+    """The journal-size sections' sizes under --journal-items and --n (a smoke run: the big journal 100 x n
+    items in jobs of more than one prune batch, so the interrupted prune is still part way through a job)."""
+    params = dict(params)
+    if big is not None:
+        params["n_big"] = big
+    if cap is not None:
+        params |= {"n_big": min(params["n_big"], 100 * cap), "n_small": min(params["n_small"], 10 * cap),
+                   "new_items": min(params["new_items"], cap), "reps": 1, "new_reps": 1}
+    return params
 
 
 def _in_child(name: str, params: dict[str, int]) -> dict[str, Any]:
@@ -129,6 +158,16 @@ def _meta(quick: bool, argv: list[str]) -> dict[str, Any]:
     }
 
 
+def _rounded(value: Any) -> Any:
+    if isinstance(value, float):
+        return round(value, 3)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_rounded(v) for v in value]
+    return value
+
+
 def _print_section(name: str, result: dict[str, Any]) -> None:
     if "skipped" in result:
         # The concurrency sections' "not available in this build" message names itself.
@@ -138,6 +177,8 @@ def _print_section(name: str, result: dict[str, Any]) -> None:
         print(f"{name}: ERROR: {result['error']}")
     elif name == "article":
         print(report.article_table(result))
+    elif name.startswith("journal_size"):
+        print(f"{name}: {json.dumps(_rounded(result))}")
     else:
         shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
         print(f"{name}: {json.dumps(shown)}")
@@ -151,6 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", help="comma-separated sections: " + ",".join(SECTIONS))
     parser.add_argument("--n", type=int, help="cap every section's item count (smoke tests)")
     parser.add_argument("--trials", type=int, help="trials per fault mode of the article experiment")
+    parser.add_argument("--journal-items", type=int,
+                        help="items of the journal-size sections' big journal (default 10,000,000; --quick 100,000)")
     parser.add_argument("--json", type=Path, help="write results here (default: benchmarks/results.json on a full run)")
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md's table")
     parser.add_argument("--child", nargs=3, metavar=("SECTION", "PARAMS", "OUT"), help=argparse.SUPPRESS)
@@ -177,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                 params[key] = min(params[key], args.n)
         if args.trials is not None and "trials" in params:
             params["trials"] = args.trials
+        if "n_big" in params:
+            params = _journal_sizes(params, args.n, args.journal_items)
         sections[name] = _in_child(name, params)
         _print_section(name, sections[name])
         print()

@@ -116,7 +116,7 @@ def rows(sections: dict[str, Any]) -> list[Row]:
     else:
         out.append(_missing("throughput, 4 ms receiver, concurrency=16 vs 1", ">=", 10, c))
         out.append(_missing("fsyncs per item at concurrency=16", "<=", 0.25, c))
-    return out + _postgres_rows(sections)
+    return out + _postgres_rows(sections) + journal_size_rows(sections)
 
 
 def _pg(section: dict[str, Any]) -> str:
@@ -162,6 +162,58 @@ def _postgres_rows(sections: dict[str, Any]) -> list[Row]:
                        f"{s['throughput_ratio']:.2f}"))
     else:
         out.append(_missing("aggregate throughput on one PostgreSQL journal, 8 runner processes vs 1", "", 0, s))
+    return out
+
+
+# The journal-size sections (SPEC §11): each on-call read, big journal / small journal.
+JOURNAL_READS = {"jobs_page": "jobs page (100)", "held_page": "held page (100)",
+                 "job_page": "one job's page (summary + 100 rows)", "cli_jobs": "CLI `jobs`", "cli_held": "CLI `held`"}
+
+
+def _ms(value: float) -> str:
+    return f"{value:,.2f} ms" if value < 100 else f"{value:,.0f} ms"
+
+
+def journal_size_rows(sections: dict[str, Any]) -> list[Row]:
+    out: list[Row] = []
+    for name, engine in (("journal_size", "SQLite"), ("journal_size_postgres", "PostgreSQL")):
+        j = sections.get(name)
+        where = f"journal size, {engine}"
+        if not (j and "read_ratios" in j):
+            out += [_missing(f"{where}: {label}, big vs small journal", "<=", 2, j) for label in JOURNAL_READS.values()]
+            out += [_missing(f"{where}: new job's cost per item, big vs small journal", "<=", 1.2, j),
+                    _missing(f"{where}: bytes per item (3 steps, rows + indexes)", "<=", 250, j, unit=" B"),
+                    _missing(f"{where}: max mark wait during a prune", "<=", 100, j, unit=" ms"),
+                    _missing(f"{where}: an interrupted prune resumes, counts exact", "==", 1, j)]
+            continue
+        if engine == "PostgreSQL" and "postgres_version" in j:
+            where = f"journal size, {_pg(j)}"
+        sizes = f"{j['n_big']:,} vs {j['n_small']:,} items"
+        big, small = j["reads_ms"]["big"], j["reads_ms"]["small"]
+        for read, label in JOURNAL_READS.items():
+            if read.startswith("cli_") and not j["cli_limit_flag"]:
+                label += " (no --limit yet: every row)"
+            ratio = j["read_ratios"][read]
+            out.append(Row(f"{where}: {label}, {sizes}", _ms(big[read]), f"small {_ms(small[read])}", ratio, "<=", 2,
+                           f"{ratio:.2f}"))
+        new = j["new_job"]
+        out.append(Row(f"{where}: new job's cost per item ({new['items']:,} items, FULL), big vs small journal",
+                       _us(new["big_us_per_item"]), f"small {_us(new['small_us_per_item'])}", new["ratio"], "<=", 1.2,
+                       f"{new['ratio']:.2f}"))
+        size = j["bytes_per_item"]
+        out.append(Row(f"{where}: bytes per item (3 steps, rows + indexes; {size['big']['method']})",
+                       f"{size['big']['bytes_per_item']:,.0f} B filled", f"{size['runner']['bytes_per_item']:,.0f} B "
+                       f"as a run writes them", size["big"]["bytes_per_item"], "<=", 250,
+                       f"{size['big']['bytes_per_item']:,.0f} B", unit=" B"))
+        prune = j["prune"]
+        out.append(Row(f"{where}: max mark wait while {prune['items']:,} items are pruned ({prune['marks']:,} marks)",
+                       f"max {_ms(prune['max_mark_ms'])}", f"p99 {_ms(prune['p99_mark_ms'])}", prune["max_mark_ms"],
+                       "<=", 100, _ms(prune["max_mark_ms"]), unit=" ms"))
+        resumed = prune["interrupted_mid_job"] and prune["resumed_jobs"] >= 1 and prune["counts_exact"]
+        out.append(Row(f"{where}: a prune killed part way resumes, counts exact",
+                       f"killed after {prune['first_prune_seconds']:,.1f} s, {prune['resumed_jobs']} job resumed",
+                       f"counts {'exact' if prune['counts_exact'] else 'WRONG'}", 1.0 if resumed else 0.0, "==", 1,
+                       "yes" if resumed else "NO"))
     return out
 
 

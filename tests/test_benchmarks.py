@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from airflow_resumable.journal.schema import recount_statement
 from airflow_resumable.runner import Step
-from benchmarks import article_experiment, concurrency, peer_dbos, pg, report, scaleout
+from benchmarks import article_experiment, concurrency, journal_size, peer_dbos, pg, report, scaleout
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +26,7 @@ def quick_results(tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("bench") / "results.json"
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks", "--quick", "--n", "200", "--trials", "1", "--json", str(out), "--no-readme"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=REPO, capture_output=True, text=True, timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     results = json.loads(out.read_text())
@@ -80,7 +81,8 @@ def test_the_postgres_sections_run_where_postgres_is_installed(quick_results):
         assert all(sections[name]["skipped"] == why for name in POSTGRES_SECTIONS)
         pytest.skip(why)
     assert not [name for name in POSTGRES_SECTIONS if "skipped" in sections[name] or "error" in sections[name]]
-    figures = [t for t in quick_results["targets"] if "PostgreSQL" in t["figure"]]
+    figures = [t for t in quick_results["targets"]
+               if "PostgreSQL" in t["figure"] and not t["figure"].startswith("journal size")]
     assert len(figures) == 6
     # Every PostgreSQL figure is measured; only the DBOS comparison may lack its peer (the bench extra).
     assert all(t["result"] in ("PASS", "FAIL", "INFO") or "dbos is not installed" in t["note"] for t in figures)
@@ -131,7 +133,7 @@ def test_the_postgres_sections_say_why_they_are_skipped_without_postgres(monkeyp
     assert sections["peer_postgres"] == sections["scaleout_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
     if concurrency.supports_concurrency():
         assert sections["concurrency_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
-    rows = [r for r in report.rows(sections) if "PostgreSQL" in r.figure]
+    rows = [r for r in report.rows(sections) if "PostgreSQL" in r.figure and not r.figure.startswith("journal size")]
     assert len(rows) == 4
     assert all(r.result == "SKIP" and r.note in (pg.SKIPPED_NO_SERVER, concurrency.NOT_AVAILABLE) for r in rows)
 
@@ -174,3 +176,59 @@ def test_the_peer_is_skipped_with_a_clear_message_without_dbos(monkeypatch):
     assert "dbos is not installed" in skipped["skipped"]
     row = next(r for r in report.rows({"peer": skipped}) if "DBOS" in r.figure)
     assert row.result == "SKIP" and "dbos is not installed" in row.note
+
+
+JOURNAL_SIZE_SECTIONS = ("journal_size", "journal_size_postgres")
+
+
+@pytest.mark.parametrize("name", JOURNAL_SIZE_SECTIONS)
+def test_the_journal_size_sections_read_page_run_and_prune_in_a_big_and_a_small_journal(quick_results, name):
+    j = quick_results["sections"][name]
+    if name.endswith("_postgres") and pg.unavailable() is not None:
+        assert j == {"skipped": pg.unavailable()}
+        pytest.skip(j["skipped"])
+    assert (j["n_big"], j["jobs_big"], j["n_small"], j["jobs_small"]) == (19_980, 30, 1_992, 12)  # --n 200
+    for size in ("big", "small"):
+        assert set(j["reads_ms"][size]) == set(journal_size.READS)
+        assert all(ms > 0 for ms in j["reads_ms"][size].values())
+        assert j["bytes_per_item"][size]["bytes_per_item"] > 0
+    assert set(j["read_ratios"]) == set(journal_size.READS)
+    assert j["new_job"]["items"] == 200 and j["new_job"]["ratio"] > 0
+    prune = j["prune"]
+    # The first prune was killed part way through a job; the second finished it, and every job's kept
+    # counts equal a recount of its rows.
+    assert prune["interrupted_mid_job"] and prune["resumed_jobs"] == 1 and prune["counts_exact"], prune
+    assert (prune["jobs"], prune["items"]) == (15, 15 * 666)
+    rows = [t for t in quick_results["targets"] if t["figure"].startswith("journal size")
+            and ("PostgreSQL" in t["figure"]) == name.endswith("_postgres")]
+    assert len(rows) == 9 and all(t["result"] in ("PASS", "FAIL") for t in rows)
+    assert next(t for t in rows if "resumes" in t["figure"])["result"] == "PASS"
+
+
+def test_the_journal_size_rows_say_why_they_were_not_measured():
+    rows = [r for r in report.rows({"journal_size_postgres": {"skipped": pg.SKIPPED_NO_SERVER}})
+            if r.figure.startswith("journal size, PostgreSQL")]
+    assert len(rows) == 9 and all(r.result == "SKIP" and r.note == pg.SKIPPED_NO_SERVER for r in rows)
+
+
+def test_a_journal_filled_in_sql_keeps_the_counts_its_rows_give(tmp_path):
+    """The fill goes through the counters' triggers: every job's counts are its rows' own, half the jobs
+    are finished and settled (what a prune takes) and half hold a few sends (what the held page shows)."""
+    engine = journal_size.SqliteEngine(str(tmp_path / "filled.sqlite3"))
+    shape = journal_size.Shape(items=1_000, jobs=10)
+    with engine.open():
+        pass
+    journal_size.fill(engine, shape)
+    with engine.open(readonly=True) as journal:
+        jobs = {j.job_id: j for j in journal.jobs()}
+        held = journal.held()
+        rows = journal.rows(shape.job_id(9), limit=3)
+    recount = {row[0]: tuple(row[1:]) for row in engine.count(recount_statement())}
+    assert len(jobs) == 10 and all(j.items == 100 for j in jobs.values())
+    for job in jobs.values():
+        assert recount[job.job_id] == (job.items, job.counts["IN_FLIGHT"], job.counts["SUCCEEDED"],
+                                       job.counts["FAILED"], job.held, job.unresolved)
+    assert sorted(j.status for j in jobs.values()) == ["completed"] * 5 + ["needs_review"] * 5
+    assert len(held) == 5 * journal_size.HELD_PER_JOB
+    assert [r.step for r in rows] == ["validate", "transform", "notify"]  # the order a run writes them
+    assert rows[0].item_id == "order-00000900" and rows[0].digest == rows[2].digest
