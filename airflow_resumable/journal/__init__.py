@@ -26,6 +26,7 @@ from airflow_resumable.journal.jobrun import JobRun
 from airflow_resumable.journal.records import (
     DECISIONS,
     DECISIONS_BY_REASON,
+    JOB_STATUSES,
     HeldReason,
     HeldStep,
     JobSummary,
@@ -40,6 +41,7 @@ from airflow_resumable.journal.schema import SCHEMA_VERSION
 __all__ = [
     "DECISIONS",
     "DECISIONS_BY_REASON",
+    "JOB_STATUSES",
     "SCHEMA_VERSION",
     "HeldReason",
     "HeldStep",

@@ -97,6 +97,10 @@ class HeldStep:
     version: str | None = field(default=None, compare=False)
 
 
+# Every JobSummary.status, most urgent first (the order the page's filter offers them).
+JOB_STATUSES = ("needs_review", "incomplete", "unfinished", "completed", "pruned")
+
+
 @dataclass(frozen=True)
 class JobSummary:
     job_id: str

@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from airflow_resumable.journal.records import JOB_STATUSES
+
 
 class Statement(NamedTuple):
     """One statement of a write: ``params`` for one execution, or (``many``) a list of them."""
@@ -171,6 +173,7 @@ JOB_STATUS_WHERE = {
     "unfinished": f"{_LIVE} AND {_SETTLED} AND finished_at IS NULL",
     "completed": f"{_LIVE} AND {_SETTLED} AND finished_at IS NOT NULL",
 }
+assert set(JOB_STATUS_WHERE) == set(JOB_STATUSES), "a job status without its condition"
 
 # A job's rows in one order whatever the page size: by item, then in the order its steps were first
 # written (created_at never changes), then by name. Pages go on after the last row's key.

@@ -49,7 +49,7 @@ from airflow_resumable.journal import (
     StepJournal,
     StepRecord,
 )
-from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH, MAX_PAGE
+from airflow_resumable.journal.records import JOB_STATUSES, MAX_ID_LENGTH, MAX_JOB_ID_LENGTH, MAX_PAGE
 from airflow_resumable.runner import idempotency_key
 
 URL_PREFIX = "/resumable"
@@ -62,8 +62,7 @@ MAX_DECISIONS_PER_REQUEST = 500
 # "Previous" links carry the cursors of the pages before (the journal's pages only go forward). The
 # trail is bounded so that the URL stays short; past it, "Previous" goes back to the first page.
 MAX_TRAIL_CHARS = 4000
-# The filters the jobs list offers: JobSummary.status and the row statuses.
-JOB_STATUSES = ("needs_review", "incomplete", "unfinished", "completed", "pruned")
+# The filters the jobs list offers: JobSummary.status (JOB_STATUSES) and the row statuses.
 ROW_STATUSES = tuple(Status.__members__)
 
 _templates = Environment(
