@@ -67,7 +67,6 @@ from airflow_resumable.journal import (
     ResolutionError,
     Status,
     StepJournal,
-    StepRecord,
     is_postgres_url,
     migrate,
 )
@@ -405,18 +404,6 @@ def _more(out: Any, page: Page[Any]) -> None:
         sys.stderr.write(f"more: --cursor {page.next_cursor}  (or --all)\n")
 
 
-def _held_rows(journal: StepJournal, job_id: str, *, limit: int, cursor: str | None) -> Page[StepRecord]:
-    """A page of a job's held rows, cut as its held steps are (a ``held`` cursor): found through the
-    held steps, not by reading every row of a job that may have millions."""
-    held = journal.held(job_id, limit=limit, cursor=cursor)
-    steps_by_item: dict[str, set[str]] = {}
-    for h in held:
-        steps_by_item.setdefault(h.item_id, set()).add(h.step)
-    rows = [r for item_id, steps in steps_by_item.items()
-            for r in _each(functools.partial(journal.rows, job_id, item_id)) if r.step in steps]
-    return Page(rows, held.next_cursor)
-
-
 def _write_json_list(out: Any, records: Iterable[Any]) -> None:
     """``json.dumps(list(records), indent=2)`` and a newline, written one record at a time."""
     first = True
@@ -460,7 +447,7 @@ def _dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         if journal.job(args.job_id) is None:
             raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
         if args.held and args.item is None:  # through the held steps (their cursor), not every row
-            page = _listing(functools.partial(_held_rows, journal, args.job_id), args)
+            page = _listing(functools.partial(journal.held_rows, args.job_id), args)
         else:  # one item's rows are few: its held ones are picked here
             page = _listing(functools.partial(journal.rows, args.job_id, args.item, status=args.status), args)
         rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step, r.generation) if r.side_effect else None}

@@ -132,7 +132,7 @@ READ_LISTINGS = [
 def test_no_listing_command_reads_an_unbounded_list(sqlite_fleet, monkeypatch, command):
     """Every read of a list the CLI makes carries a limit: a page, or --all and export a page at a time."""
     limits: list[int | None] = []
-    for name in ("jobs", "held", "rows"):
+    for name in ("jobs", "held", "held_rows", "rows"):  # every listing the journal has
         real = getattr(StepJournal, name)
 
         def observed(self, *args, _real=real, **kwargs):

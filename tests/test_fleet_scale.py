@@ -249,6 +249,11 @@ def test_pages_are_the_whole_list_in_its_order(journal_location):
         assert [j.job_id for j in everything] == [f"job{n}" for n in reversed(range(7))]  # newest first
         assert list(paged(lambda c: journal.jobs(limit=2, cursor=c))) == list(everything)
         assert list(paged(lambda c: journal.held(limit=2, cursor=c))) == list(journal.held())
+        # The held steps as whole rows: the same steps, order and pages (a held cursor goes on in either).
+        held_rows = list(paged(lambda c: journal.held_rows(limit=2, cursor=c)))
+        assert [(r.job_id, r.item_id, r.step) for r in held_rows] == [(h.job_id, h.item_id, h.step) for h in journal.held()]
+        assert all(r.held_reason is not None for r in held_rows) and held_rows == list(journal.held_rows())
+        assert journal.held_rows(limit=1, cursor=journal.held(limit=1).next_cursor)[0].item_id == journal.held()[1].item_id
         assert list(paged(lambda c: journal.rows("job1", limit=3, cursor=c))) == list(journal.rows("job1"))
         assert [r.step for r in journal.rows("job1", "i0")] == ["render", "send"]  # the order they ran
         # Filters.

@@ -236,7 +236,21 @@ class StepJournal:
     def held(self, job_id: str | None = None, *, limit: int | None = None, cursor: str | None = None) -> Page[HeldStep]:
         """Steps the runner held for a human, in one job or in all, by job, item and step.
         ``limit``/``cursor`` as for :meth:`jobs`."""
-        query, params = sql.HELD, []
+        found = self._held_page(sql.HELD, job_id, limit, cursor)
+        return Page([HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4]), version_text(r[5], r[6])) for r in found],
+                    found.next_cursor)
+
+    def held_rows(
+        self, job_id: str | None = None, *, limit: int | None = None, cursor: str | None = None,
+    ) -> Page[StepRecord]:
+        """The held steps of :meth:`held` as their whole rows (status, attempts, error type, receipt), in
+        the same order and pages: a cursor of one goes on in the other."""
+        found = self._held_page(sql.HELD_ROWS, job_id, limit, cursor)
+        return Page([step_record(r) for r in found], found.next_cursor)
+
+    def _held_page(self, select: str, job_id: str | None, limit: int | None, cursor: str | None) -> Page[Any]:
+        """Held rows as ``select`` reads them (job_id, item_id and step first), one page of them."""
+        query, params = select, []
         if job_id is not None:
             query, params = query + sql.HELD_JOB, [job_id]
         if cursor is not None:
@@ -244,9 +258,8 @@ class StepJournal:
             query += sql.HELD_AFTER
             params += [after_job, after_job, after_item, after_item, after_step]
         found = self._page(query + sql.HELD_ORDER, params, limit)
-        held = [HeldStep(r[0], r[1], r[2], HeldReason(r[3]), int(r[4]), version_text(r[5], r[6])) for r in found]
         last = found[-1] if found.more else None
-        return Page(held, None if last is None else self._cursor("held", last[0], last[1], last[2]))
+        return Page(found, None if last is None else self._cursor("held", last[0], last[1], last[2]))
 
     def _page(self, query: str, params: list[Any], limit: int | None) -> _Found:
         """The rows of ``query``; with a limit, at most that many, and whether more follow."""

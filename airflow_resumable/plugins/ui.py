@@ -531,20 +531,10 @@ def _visible_jobs(
 
 
 def _held_records(journal: StepJournal, job_id: str, *, limit: int, cursor: str | None = None) -> Page[StepRecord]:
-    """One page of a job's held steps (the journal's held list), each as its whole row: what the table
-    shows (status, attempts, error type, receipt) besides the hold. A step resolved between the two
-    reads is left out; the page's cursor goes on after it all the same."""
+    """One page of a job's held steps, each as its whole row: what the table shows (status, attempts,
+    error type, receipt) besides the hold."""
     with _pages_of_the_journal():
-        held = journal.held(job_id, limit=limit, cursor=cursor)
-    steps_of_item: dict[str, dict[str, StepRecord]] = {}
-    records = []
-    for step in held:
-        if step.item_id not in steps_of_item:  # an item's rows: one per step of the batch, a few
-            steps_of_item[step.item_id] = {r.step: r for r in journal.rows(job_id, step.item_id, limit=MAX_PAGE)}
-        record = steps_of_item[step.item_id].get(step.step)
-        if record is not None and record.held_reason is not None:
-            records.append(record)
-    return Page(records, held.next_cursor)
+        return journal.held_rows(job_id, limit=limit, cursor=cursor)
 
 
 def _held_of_jobs(journal: StepJournal | None, jobs: list[JobSummary], limit: int) -> list[dict[str, Any]]:
