@@ -11,6 +11,8 @@ import os
 import random
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Mapping
@@ -159,6 +161,24 @@ def test_wal_mode_and_busy_timeout(path):
         assert journal.engine._connection.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
     with StepJournal(path) as journal:
         assert journal.engine._connection.execute("PRAGMA busy_timeout").fetchone()[0] == 30000
+
+
+def test_a_second_journal_on_the_file_in_one_process_leaves_the_first_its_locks(path):
+    """A task's journal stays open while this process opens the file again (the page's reader, the
+    sensor) and closes it; then another process reads the journal and closes. That process must not
+    take itself for the file's last user and delete the -wal file under the open journal: what the
+    task writes next must reach every other process (and the disk), not an unlinked file."""
+    with StepJournal(path, durability="normal") as journal:
+        run_batch(journal, "first/job", [{"id": "a"}], Receiver().steps())
+        StepJournal(path, readonly=True).close()
+        read_elsewhere = ("import sys; from airflow_resumable.journal import StepJournal\n"
+                          "with StepJournal(sys.argv[1], readonly=True) as j: print(j.job(sys.argv[2]))")
+        subprocess.run([sys.executable, "-c", read_elsewhere, str(path), "first/job"], check=True)
+        assert Path(str(path) + "-wal").exists()
+        run_batch(journal, JOB, [{"id": "a"}, {"id": "b"}], Receiver().steps())
+        seen = subprocess.run([sys.executable, "-c", read_elsewhere, str(path), JOB],
+                              check=True, capture_output=True, text=True).stdout
+        assert "items=2" in seen, seen
 
 
 def test_busy_timeout_waits_for_another_writer(path):

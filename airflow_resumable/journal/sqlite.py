@@ -36,6 +36,7 @@ import os
 import socket
 import sqlite3
 import stat
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -56,6 +57,7 @@ from airflow_resumable.journal.records import ts
 from airflow_resumable.journal.schema import SCHEMA_VERSION, SQLITE_MIGRATIONS
 
 RECEIPT_LOG_SUFFIX = ".receipts"
+_CREATING = threading.Lock()  # journal files are created one at a time in a process (see _create_file)
 
 
 def _variable_limit(conn: sqlite3.Connection) -> int:
@@ -215,25 +217,42 @@ class SqliteBackend(EngineBase):
                     f"cannot create the journal directory {directory} ({type(exc).__name__}); "
                     "check the path and its permissions."
                 ) from None
+        # Never a descriptor of ours on a journal that exists: closing any descriptor of a file drops
+        # every POSIX lock this process holds on it, SQLite's included. Another journal open on the
+        # file in this process would lose its shared lock, and the next process to close its
+        # connection would take itself for the last one, checkpoint and delete the -wal file under
+        # that journal: what it wrote from then on would be seen by no other process, and lost
+        # with it. A new file has no lock of this process yet (creations take turns).
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
+            with _CREATING:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+                os.close(fd)
+        except FileExistsError:
+            pass
         except OSError as exc:
             if _is_enospc(exc):
                 raise self._disk_full("ENOSPC") from None
-            raise JournalError(
-                f"cannot open the journal {self.path} ({type(exc).__name__}); check that the path is "
-                "a writable file on a local disk."
-            ) from None
+            raise self._unopenable(type(exc).__name__) from None
         try:
-            links = os.fstat(fd).st_nlink
-        finally:
-            os.close(fd)
+            info = os.stat(self.path)
+        except OSError as exc:
+            raise self._unopenable(type(exc).__name__) from None
+        if stat.S_ISDIR(info.st_mode):
+            raise self._unopenable("IsADirectoryError")
+        if not os.access(self.path, os.R_OK | os.W_OK):
+            raise self._unopenable("PermissionError")
+        links = info.st_nlink
         if links > 1:
             # Another name for this file would get its own locks and its own -wal file: refused.
             raise JournalLocationError(
                 f"journal {self.path} has {links} hard links; open it through one path only (its job locks and "
                 "WAL file are kept next to the name it is opened by)"
             )
+
+    def _unopenable(self, why: str) -> JournalError:
+        return JournalError(
+            f"cannot open the journal {self.path} ({why}); check that the path is a writable file on a local disk."
+        )
 
     def _tighten_permissions(self) -> None:
         # Only once the file is known to be a journal: a refused foreign file is left untouched.
