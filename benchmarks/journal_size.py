@@ -13,7 +13,10 @@ the filled journal is what runs would have left, and no faster to read than thei
   (``job(id)`` + ``rows(id, limit=100)``), the CLI's ``jobs`` and ``held`` (a process each, as an
   on-call runs them, ``--limit 100`` where the CLI has it): the median of ``reps``, big / small.
   ``jobs_small`` is above the page size, so both journals fill their pages and the ratio is about the
-  journal, not about how much a page shows. The page's JSON needs an API server: not measured here.
+  journal, not about how much a page shows. The "Resumable jobs" page itself, as the API server serves
+  it: the jobs page (``/``: jobs and their held sends), one job's page (``/jobs/{id}``) and the jobs
+  JSON (``/jobs.json``), rendered by the plugin's own FastAPI app in this process (each request opens
+  the journal as the page does, read-only; Airflow's sign-in is replaced by a viewer of every DAG).
 * **A new job**: ``new_items`` items at durability ``full`` (a synchronous commit before each send),
   per-item cost in the big journal / in the small one, ``new_reps`` times interleaved, medians.
 * **Bytes per item**: the steps table with its indexes, plus jobs, over the items (SQLite: ``dbstat``,
@@ -45,6 +48,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.journal.schema import recount_statement
@@ -55,7 +59,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAGE = 100  # what the UI page, its JSON and the CLI ask for
 HELD_PER_JOB = 5  # held sends in each of the newer half's jobs
 DAYS = 30  # the jobs' creation times spread over this many days before now
-READS = ("jobs_page", "held_page", "job_page", "cli_jobs", "cli_held")
+READS = ("jobs_page", "held_page", "job_page", "ui_jobs", "ui_job", "ui_jobs_json", "cli_jobs", "cli_held")
 MIDWAY = "midway"  # what the first prune process says when it waits to be killed
 
 
@@ -152,6 +156,11 @@ def fill(engine: Engine, shape: Shape) -> float:
     return time.perf_counter() - start
 
 
+# What points Airflow at a journal: cleared while a benchmark journal stands in as the deployment's.
+_JOURNAL_SETTINGS = ("AIRFLOW__RESUMABLE__JOURNAL_PATH", "AIRFLOW__RESUMABLE__JOURNAL_CONN_ID",
+                     "AIRFLOW__RESUMABLE__JOURNAL_SCHEMA", "AIRFLOW_CONN_BENCH_JOURNAL")
+
+
 class Engine:
     """Where a journal lives, how it is filled and sized, and how the CLI is pointed at it."""
 
@@ -165,6 +174,26 @@ class Engine:
 
     def cli_args(self) -> list[str]:
         return ["--journal", self.location]
+
+    def configuration(self) -> dict[str, str]:
+        """Airflow configuration (environment variables) naming this journal as a deployment would."""
+        return {"AIRFLOW__RESUMABLE__JOURNAL_PATH": self.location}
+
+    @contextlib.contextmanager
+    def as_configured_journal(self) -> Iterator[None]:
+        """This journal is the deployment's for the duration (the page reads Airflow's configuration)."""
+        saved = {name: os.environ.get(name) for name in (*self.configuration(), *_JOURNAL_SETTINGS)}
+        for name in _JOURNAL_SETTINGS:
+            os.environ.pop(name, None)
+        os.environ.update(self.configuration())
+        try:
+            yield
+        finally:
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
     def connection(self) -> contextlib.AbstractContextManager[Any]:
         raise NotImplementedError
@@ -227,6 +256,13 @@ class PostgresEngine(Engine):
     def cli_args(self) -> list[str]:
         return ["--journal", self.location, "--schema", self.SCHEMA]
 
+    def configuration(self) -> dict[str, str]:
+        url = urlsplit(self.location)
+        connection = {"conn_type": "postgres", "host": url.hostname, "port": url.port, "login": url.username,
+                      "password": unquote(url.password or ""), "schema": url.path.lstrip("/"),
+                      "extra": {"journal_schema": self.SCHEMA}}
+        return {"AIRFLOW__RESUMABLE__JOURNAL_CONN_ID": "bench_journal", "AIRFLOW_CONN_BENCH_JOURNAL": json.dumps(connection)}
+
     @contextlib.contextmanager
     def connection(self) -> Iterator[Any]:
         import psycopg
@@ -283,6 +319,42 @@ def _cli(engine: Engine, command: str, limit: bool) -> Callable[[], object]:
     return run
 
 
+def _page_reads(engine: Engine, job_id: str, jobs_shown: int) -> dict[str, Callable[[], object]]:
+    """The page's own views of this engine's journal: GET requests to the plugin's FastAPI app."""
+    from fastapi.testclient import TestClient
+
+    from airflow_resumable.plugins import ui
+
+    class EveryDag(ui.Viewer):  # what an admin's sign-in resolves to, without an auth manager to ask
+        def on_all_dags(self, method: str) -> bool:
+            return True
+
+    ui.app.dependency_overrides[ui.require_dag_read] = lambda: EveryDag("bench", None)
+    client = TestClient(ui.app)
+
+    def get(path: str, must_hold: str) -> Callable[[], object]:
+        def run() -> object:
+            with engine.as_configured_journal():
+                response = client.get(path)
+            if response.status_code != 200 or must_hold not in response.text:
+                raise AssertionError(f"GET {path}: {response.status_code}, {response.text[:300]}")
+            return response.text
+        return run
+
+    def jobs_json() -> object:
+        with engine.as_configured_journal():
+            listed = client.get("/jobs.json").json()
+        if len(listed["jobs"]) != jobs_shown:
+            raise AssertionError(f"the jobs JSON listed {len(listed['jobs'])} jobs, {jobs_shown} expected")
+        return listed
+
+    return {  # each checked for what it must show: a page that read less would flatter the figure
+        "ui_jobs": get("/", ui.job_path(job_id)),  # the newest job: listed, its held sends shown
+        "ui_job": get(ui.job_path(job_id), f'href="{ui.rows_path(job_id)}"'),
+        "ui_jobs_json": jobs_json,
+    }
+
+
 def _reads(journal: StepJournal, engine: Engine, shape: Shape, limit: bool) -> dict[str, Callable[[], object]]:
     job_id = shape.job_id(shape.jobs - 1)  # the newest filled job (held sends, a page of rows)
 
@@ -307,6 +379,7 @@ def _reads(journal: StepJournal, engine: Engine, shape: Shape, limit: bool) -> d
         "jobs_page": full(lambda: journal.jobs(limit=PAGE), min(PAGE, shape.jobs)),
         "held_page": full(lambda: journal.held(limit=PAGE), min(PAGE, held)),
         "job_page": job_page,
+        **_page_reads(engine, job_id, min(PAGE, shape.jobs)),
         "cli_jobs": _cli(engine, "jobs", limit),
         "cli_held": _cli(engine, "held", limit),
     }
@@ -546,7 +619,6 @@ def _run(engines: Mapping[str, Engine], runner_engine: Engine, p: dict[str, int]
         "reads_ms": reads,
         "read_ratios": ratios,
         "cli_limit_flag": limit,
-        "json_page": "not measured: the page's JSON is served by the Airflow API server",
         "new_job": new_job,
         "bytes_per_item": sizes,
         "prune": prune,

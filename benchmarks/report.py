@@ -167,7 +167,9 @@ def _postgres_rows(sections: dict[str, Any]) -> list[Row]:
 
 # The journal-size sections (SPEC §11): each on-call read, big journal / small journal.
 JOURNAL_READS = {"jobs_page": "jobs page (100)", "held_page": "held page (100)",
-                 "job_page": "one job's page (summary + 100 rows)", "cli_jobs": "CLI `jobs`", "cli_held": "CLI `held`"}
+                 "job_page": "one job's page (summary + 100 rows)", "ui_jobs": "the page: jobs (HTML)",
+                 "ui_job": "the page: one job (HTML)", "ui_jobs_json": "the page: jobs JSON",
+                 "cli_jobs": "CLI `jobs`", "cli_held": "CLI `held`"}
 
 
 def _ms(value: float) -> str:
