@@ -163,6 +163,33 @@ def test_jobs_and_job_read_no_step_rows(tmp_path):
     assert "jobs" in read and "steps" not in read, read
 
 
+def test_a_jobs_held_steps_cost_the_same_in_a_job_of_40000_items_as_in_one_of_40(tmp_path):
+    """Reading one job's held steps (the job page, the review task, the sensor) goes through the
+    index of held steps, not through every row of the job: counted in SQLite's virtual-machine
+    steps, not timed."""
+    path = str(tmp_path / "journal.sqlite3")
+    with StepJournal(path):
+        pass
+    fill(path, "small/send/run", 40, held_every=8)  # 5 held sends each
+    fill(path, "big/send/run", 40_000, held_every=8_000)
+    steps = {}
+    with StepJournal(path, readonly=True) as journal:
+        for job_id in ("small/send/run", "big/send/run"):
+            counted = [0]
+
+            def count() -> int:
+                counted[0] += 1
+                return 0  # go on
+
+            journal.engine._connection.set_progress_handler(count, 100)  # every 100 VM steps
+            try:
+                assert len(journal.held(job_id, limit=100)) == len(journal.held_rows(job_id, limit=100)) == 5
+            finally:
+                journal.engine._connection.set_progress_handler(None, 0)
+            steps[job_id] = counted[0]
+    assert steps["big/send/run"] <= 2 * steps["small/send/run"] + 5, steps
+
+
 def test_jobs_and_job_read_no_step_rows_on_postgresql(postgres_url):
     """A role that may read the jobs table and not steps still lists jobs with their counts."""
     import psycopg

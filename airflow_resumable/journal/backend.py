@@ -82,6 +82,7 @@ class JournalBackend(Protocol):
     journal_id: str
     kind: str  # "sqlite" | "postgresql"
     shared: bool  # any worker may open it (a database server), or only the one whose disk holds it
+    held_steps: str  # the steps table as held steps are read from it: through the partial index steps_held
     durability: Durability
     migrated_from: int | None  # the schema version the open found (None: a new journal)
     commit_count: int  # write transactions committed; benchmarks and tests read them

@@ -250,7 +250,7 @@ class StepJournal:
 
     def _held_page(self, select: str, job_id: str | None, limit: int | None, cursor: str | None) -> Page[Any]:
         """Held rows as ``select`` reads them (job_id, item_id and step first), one page of them."""
-        query, params = select, []
+        query, params = select.format(held_steps=self.engine.held_steps), []
         if job_id is not None:
             query, params = query + sql.HELD_JOB, [job_id]
         if cursor is not None:

@@ -147,6 +147,7 @@ class PostgresBackend(EngineBase):
 
     kind = "postgresql"
     shared = True
+    held_steps = "steps"  # PostgreSQL's planner picks steps_held by itself, analyzed or not
 
     def __init__(
         self,

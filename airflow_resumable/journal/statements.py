@@ -184,10 +184,11 @@ ROWS_STATUS = " AND status = ?"
 ROWS_AFTER = " AND item_id >= ? AND (item_id > ? OR created_at > ? OR (created_at = ? AND step > ?))"
 ROWS_ORDER = " ORDER BY item_id, created_at, step"
 OPEN_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND {OPEN_ROW} ORDER BY item_id, step"
-HELD = """SELECT job_id, item_id, step, held_reason, generation, version, created_at FROM steps
+# {held_steps}: the engine's way to read the steps table through steps_held (JournalBackend.held_steps).
+HELD = """SELECT job_id, item_id, step, held_reason, generation, version, created_at FROM {held_steps}
           WHERE held_reason IS NOT NULL"""
 # The same steps as whole rows (what a table of held steps shows): the same order, the same pages.
-HELD_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE held_reason IS NOT NULL"
+HELD_ROWS = f"SELECT {RECORD_COLUMNS} FROM {{held_steps}} WHERE held_reason IS NOT NULL"
 HELD_JOB = " AND job_id = ?"
 HELD_AFTER = " AND job_id >= ? AND (job_id > ? OR item_id > ? OR (item_id = ? AND step > ?))"
 HELD_ORDER = " ORDER BY job_id, item_id, step"
