@@ -32,33 +32,54 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)" -e ".[airflow,http,postgres,test]"
 	touch $@
 
+# The suite's modules run side by side (pytest-xdist): most of them wait on Airflow, servers and child
+# processes more than they compute. A module runs whole on one worker (--dist loadfile), so the servers
+# it starts once serve all its tests; the slowest modules are collected first (tests/conftest.py), so
+# none is left to run alone at the end. TEST_JOBS=0: one process.
+TEST_JOBS ?= 4
+
 test: $(VENV)/.installed  ## run the whole test suite
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+
+# The matrix builds its environments at once; an editable install writes the project's metadata into
+# the source tree, so those steps take turns (the downloads and the rest of each install do not).
+EDITABLE_LOCK = flock .editable-install.lock
+.PRECIOUS: .venv-airflow-%/.installed .venv-python-%/.installed
 
 .venv-airflow-%/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv .venv-airflow-$*
 	.venv-airflow-$*/bin/python -m pip install --quiet --upgrade "pip>=26"
 	.venv-airflow-$*/bin/python -m pip install --quiet $(PIP_ARGS_$*) "apache-airflow==$*" \
-		-e ".[airflow,http,postgres]" "pytest>=8" "hypothesis>=6.100" "statsd>=3.3"
+		"pytest>=8" "hypothesis>=6.100" "statsd>=3.3"
+	$(EDITABLE_LOCK) .venv-airflow-$*/bin/python -m pip install --quiet $(PIP_ARGS_$*) "apache-airflow==$*" \
+		-e ".[airflow,http,postgres]"
 	touch $@
 
 .venv-python-%/.installed: pyproject.toml Makefile
 	@test -n "$(call python_for,$*)" || { echo "no Python $* found (pyenv or PATH)"; exit 1; }
 	$(call python_for,$*) -m venv .venv-python-$*
 	.venv-python-$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-python-$*/bin/python -m pip install --quiet -e ".[postgres]" "pytest>=8" "hypothesis>=6.100"
+	.venv-python-$*/bin/python -m pip install --quiet "pytest>=8" "hypothesis>=6.100"
+	$(EDITABLE_LOCK) .venv-python-$*/bin/python -m pip install --quiet -e ".[postgres]"
 	touch $@
 
-test-matrix: $(foreach v,$(AIRFLOW_MATRIX),.venv-airflow-$(v)/.installed) $(foreach v,$(PYTHON_MATRIX),.venv-python-$(v)/.installed)  ## the compatibility matrix
-	@set -e; for v in $(AIRFLOW_MATRIX); do \
-	  echo "=== matrix cell: Airflow $$v, Python $$(.venv-airflow-$$v/bin/python -c 'import platform; print(platform.python_version())'): Airflow-layer, UI and metrics tests ==="; \
-	  .venv-airflow-$$v/bin/python -m pytest -p no:cacheprovider -q $(AIRFLOW_LAYER_TESTS); \
-	done; \
-	for v in $(PYTHON_MATRIX); do \
-	  echo "=== matrix cell: Python $$(.venv-python-$$v/bin/python -c 'import platform; print(platform.python_version())'), no Airflow: core tests ==="; \
-	  RESUMABLE_PROPERTY_EXAMPLES=60 .venv-python-$$v/bin/python -m pytest -p no:cacheprovider -q $(CORE_TESTS); \
-	done; \
-	echo "=== matrix: every cell passed ==="
+# The cells run side by side (each in its own virtual environment, its servers on free ports): they
+# wait on Airflow, PostgreSQL and pip more than they compute. -O prints each cell's output whole when
+# it ends, so a cell's log is never interleaved with another's; -k runs every cell even when one fails.
+MATRIX_CELLS = $(addprefix cell-airflow-,$(AIRFLOW_MATRIX)) $(addprefix cell-python-,$(PYTHON_MATRIX))
+MATRIX_JOBS ?= 4
+
+test-matrix:  ## the compatibility matrix, every cell at once
+	@$(MAKE) --no-print-directory -k -O -j$(MATRIX_JOBS) $(MATRIX_CELLS) && echo "=== matrix: every cell passed ==="
+
+# One cell alone while developing, e.g. `make cell-airflow-3.1.8` or `make cell-python-3.13`.
+cell-airflow-%: .venv-airflow-%/.installed
+	@echo "=== matrix cell: Airflow $*, Python $$(.venv-airflow-$*/bin/python -c 'import platform; print(platform.python_version())'): Airflow-layer, UI and metrics tests ==="
+	.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(AIRFLOW_LAYER_TESTS)
+
+cell-python-%: .venv-python-%/.installed
+	@echo "=== matrix cell: Python $$(.venv-python-$*/bin/python -c 'import platform; print(platform.python_version())'), no Airflow: core tests ==="
+	RESUMABLE_PROPERTY_EXAMPLES=60 .venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CORE_TESTS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo
@@ -76,4 +97,4 @@ bench: $(VENV)/.bench-installed  ## run every benchmark; prints figures, ratios 
 	$(PY) -m benchmarks
 
 clean:
-	rm -rf $(VENV) .venv-airflow-* .venv-python-* .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .venv-airflow-* .venv-python-* .editable-install.lock .pytest_cache .mypy_cache .ruff_cache .hypothesis

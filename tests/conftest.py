@@ -52,6 +52,28 @@ def _postgres() -> PostgresForTests:
     return _POSTGRES
 
 
+# The slowest modules, slowest first (seconds on 2 cores, from `--durations`). `make test` runs each
+# module whole on one of several workers, handed out in collection order: started last, one of these
+# would run alone at the end. Every other module keeps its place after them.
+SLOWEST_MODULES = (
+    "test_airflow_layer.py",
+    "test_celery_deployment.py",
+    "test_properties.py",
+    "test_hardening.py",
+    "test_demo.py",
+    "test_distribution.py",
+    "test_browser.py",
+    "test_crash_matrix.py",
+    "test_shared_journal.py",
+    "test_standalone_stop.py",
+)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: n for n, name in enumerate(SLOWEST_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's own order stays
+
+
 def pytest_report_header(config):
     if os.environ.get(ENV_URL):
         return f"journal backends: SQLite and PostgreSQL ({ENV_URL})"
