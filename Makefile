@@ -4,7 +4,7 @@ VENV ?= .venv
 AIRFLOW_VERSION ?= 3.3.2
 PY := $(VENV)/bin/python
 
-.PHONY: test test-matrix demo bench lint clean
+.PHONY: test test-matrix demo demo-email bench lint clean
 
 # The compatibility matrix (make test-matrix): the Airflow-layer, UI and metrics tests on the newest
 # patch of every older Airflow minor this provider declares, and the core tests (no Airflow) on the
@@ -16,7 +16,7 @@ PYTHON_MATRIX ?= 3.10 3.13
 # official constraints file is out of reach here, so pip (>= 26) picks what existed in May 2026.
 PIP_ARGS_3.2.2 = --uploaded-prior-to 2026-06-01T00:00:00Z
 AIRFLOW_LAYER_TESTS = tests/test_airflow_layer.py tests/test_ui_plugin.py tests/test_metrics_and_link.py \
-	tests/test_sensor_journal.py tests/test_review_operator.py
+	tests/test_sensor_journal.py tests/test_review_operator.py tests/test_smtp_receiver.py::TestWithoutServers
 CORE_TESTS = tests/test_article_scenario.py tests/test_bad_input.py tests/test_cli.py tests/test_crash_matrix.py \
 	tests/test_decide.py tests/test_durability.py tests/test_job_lock.py tests/test_journal.py \
 	tests/test_postgres_failures.py tests/test_postgres_journal.py tests/test_properties.py \
@@ -87,6 +87,9 @@ lint: $(VENV)/.installed
 
 demo: $(VENV)/.installed  ## the article's experiment end to end through real Airflow
 	$(PY) -m demo
+
+demo-email: $(VENV)/.installed  ## the same for e-mail, against real mail servers (needs Debian's dovecot-imapd)
+	$(PY) -m demo.email
 
 # The bench extra (DBOS, for the peer figure) gets its own stamp so `make test` never needs it.
 $(VENV)/.bench-installed: $(VENV)/.installed

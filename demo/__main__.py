@@ -123,6 +123,11 @@ def main() -> None:
              f"held ({', '.join(h['reason'] for h in s2['held'])}), then {ours['decision']} -> "
              + ("sent once" if ours["decision"] == "not_delivered" else "marked done, not re-sent")),
         ]
+    print_table(rows, started)
+
+
+def print_table(rows: list[tuple[str, str, str]], started: float) -> None:
+    """The comparison table, its columns aligned, and how long the demo took."""
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     print()
     for row in rows:

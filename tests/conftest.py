@@ -87,6 +87,22 @@ def pytest_sessionfinish(session, exitstatus):
         _POSTGRES.cluster.destroy()
 
 
+@pytest.fixture(scope="module")
+def mail_servers():
+    """Real mail servers on 127.0.0.1 for a module's tests: an SMTP server filing into a Maildir, dovecot
+    serving it over IMAP (tests/mail_servers.py). In CI they must be there; elsewhere their absence skips."""
+    from tests.mail_servers import MailServers, missing
+
+    problem = missing()
+    if problem:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the e-mail tests. " + problem)
+        pytest.skip(problem)
+    servers = MailServers()
+    yield servers
+    servers.stop()
+
+
 @pytest.fixture(scope="session")
 def postgres() -> PostgresForTests:
     """The session's PostgreSQL. In CI it must be there (.ci/run installs it); elsewhere its absence skips."""

@@ -20,7 +20,7 @@ from tests.airflow_harness import REPO
 pytestmark = pytest.mark.airflow
 
 TEMPLATES = {"base.html", "error.html", "held_table.html", "job.html", "jobs.html", "resolve.html"}
-EXAMPLES = {"resolve_held_item.py", "article_scenario.py"}
+EXAMPLES = {"resolve_held_item.py", "article_scenario.py", "article_email.py"}
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +131,8 @@ def test_installed_wheel_lists_as_a_provider_and_runs_the_article_dag(dist, tmp_
     # Airflow prints its warnings (no graphviz) to stdout as well: the JSON is the line that starts with "[".
     dags = {d["dag_id"]: d["fileloc"] for d in json.loads(_json_line(listed.stdout))}
     assert set(dags) == {"resolve_held_item", "article_resumable", "article_resumable_verify",
-                         "article_rerun_everything", "article_review"}, listed.stdout
+                         "article_rerun_everything", "article_review", "article_email",
+                         "article_email_rerun_everything"}, listed.stdout
     assert all(path.startswith(examples) for path in dags.values()), dags
 
     receiver = subprocess.Popen(
