@@ -32,7 +32,7 @@ $(VENV)/.installed: pyproject.toml Makefile
 	$(PY) -m pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)" -e ".[airflow,http,postgres,test]"
 	touch $@
 
-# The suite's modules run side by side (pytest-xdist): most of them wait on Airflow, servers and child
+# The suite's modules run side by side (pytest-xdist): most tests wait on Airflow, servers and child
 # processes more than they compute. A module runs whole on one worker (--dist loadfile), so the servers
 # it starts once serve all its tests; the slowest modules are collected first (tests/conftest.py), so
 # none is left to run alone at the end. TEST_JOBS=0: one process.

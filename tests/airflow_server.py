@@ -109,12 +109,17 @@ def api_server(template: Path, folder: Path, config: dict[str, str]) -> Server:
                  f"http://127.0.0.1:{port}", folder / "api-server.log")
 
 
+# How long a call to a busy server may take before the test gives up on it: generous, since these calls
+# wait on an API server that shares a loaded machine with other tests' servers; no call is timed.
+CALL_TIMEOUT = 120
+
+
 def token(url: str, username: str = "admin") -> str:
     """A JWT from Airflow's own login endpoint (what the UI's login form posts to)."""
     body = json.dumps({"username": username, "password": USERS[username]}).encode()
     request = urllib.request.Request(url + "/auth/token", data=body, method="POST",
                                      headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=CALL_TIMEOUT) as response:
         return json.loads(response.read())["access_token"]
 
 
@@ -123,7 +128,7 @@ def api(url: str, token: str, method: str = "GET", body: dict | None = None) -> 
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method=method, headers={
         "Authorization": f"Bearer {token}", "Content-Type": "application/json", "Accept": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(request, timeout=CALL_TIMEOUT) as response:
         return json.loads(response.read() or b"{}")
 
 
@@ -136,7 +141,7 @@ def get(url: str, *, bearer: str | None = None, cookie: str | None = None,
         headers["Cookie"] = f"_token={cookie}"
     request = urllib.request.Request(url, headers=headers)
     try:
-        with urllib.request.urlopen(request, timeout=30) as response:
+        with urllib.request.urlopen(request, timeout=CALL_TIMEOUT) as response:
             return response.status, dict(response.headers), response.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, dict(exc.headers), exc.read().decode()

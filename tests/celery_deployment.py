@@ -282,7 +282,7 @@ class CeleryDeployment:
             "Authorization": f"Bearer {self._token}", "Content-Type": "application/json",
             "Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=airflow_server.CALL_TIMEOUT) as response:
                 return json.loads(response.read() or b"null")
         except urllib.error.HTTPError as exc:
             raise AssertionError(f"{method} {path}: HTTP {exc.code} {exc.read()[:2000]!r}") from None

@@ -52,13 +52,14 @@ def _postgres() -> PostgresForTests:
     return _POSTGRES
 
 
-# The slowest modules, slowest first (seconds on 2 cores, from `--durations`). `make test` runs each
-# module whole on one of several workers, handed out in collection order: started last, one of these
-# would run alone at the end. Every other module keeps its place after them.
+# The slowest modules, slowest first (from `--durations` on 2 cores). `make test` runs each module
+# whole on one of several workers (pytest-xdist, --dist loadfile: a module's servers start once),
+# handed out in collection order: one of these started last would run alone at the end. Every other
+# module keeps its place after them.
 SLOWEST_MODULES = (
     "test_airflow_layer.py",
-    "test_celery_deployment.py",
     "test_properties.py",
+    "test_celery_deployment.py",
     "test_hardening.py",
     "test_demo.py",
     "test_distribution.py",
@@ -66,6 +67,7 @@ SLOWEST_MODULES = (
     "test_crash_matrix.py",
     "test_shared_journal.py",
     "test_standalone_stop.py",
+    "test_benchmarks.py",
 )
 
 

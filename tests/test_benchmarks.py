@@ -201,14 +201,14 @@ def test_the_journal_size_sections_read_page_run_and_prune_in_a_big_and_a_small_
     assert (prune["jobs"], prune["items"]) == (15, 15 * 666)
     rows = [t for t in quick_results["targets"] if t["figure"].startswith("journal size")
             and ("PostgreSQL" in t["figure"]) == name.endswith("_postgres")]
-    assert len(rows) == 9 and all(t["result"] in ("PASS", "FAIL") for t in rows)
+    assert len(rows) == 12 and all(t["result"] in ("PASS", "FAIL") for t in rows)
     assert next(t for t in rows if "resumes" in t["figure"])["result"] == "PASS"
 
 
 def test_the_journal_size_rows_say_why_they_were_not_measured():
     rows = [r for r in report.rows({"journal_size_postgres": {"skipped": pg.SKIPPED_NO_SERVER}})
             if r.figure.startswith("journal size, PostgreSQL")]
-    assert len(rows) == 9 and all(r.result == "SKIP" and r.note == pg.SKIPPED_NO_SERVER for r in rows)
+    assert len(rows) == 12 and all(r.result == "SKIP" and r.note == pg.SKIPPED_NO_SERVER for r in rows)
 
 
 def test_a_journal_filled_in_sql_keeps_the_counts_its_rows_give(tmp_path):

