@@ -368,13 +368,16 @@ def test_a_job_of_1000_held_items_pages_in_the_browser_and_nothing_is_cut_off(ai
         page.goto(job_url)
         seen, first_pages = [], []
         while True:
-            items = page.locator("table.held tbody tr").evaluate_all("rows => rows.map(r => r.dataset.item)")
+            rows = page.locator("table.held tbody tr")
+            expect(rows.first).to_be_visible(timeout=60_000)
+            items = rows.evaluate_all("rows => rows.map(r => r.dataset.item)")
             seen += items
             first_pages.append(items[0])
             following = page.locator("nav.pager a.next")
             if not following.count():
                 break
-            following.click()
+            with page.expect_navigation(timeout=60_000):  # read the next page, never the one being left
+                following.click()
         assert seen == held and len(first_pages) == 10  # every held step once, in order, 100 a page
         page.locator("nav.pager a.previous").click()
         expect(page.locator("table.held tbody tr").first).to_have_attribute("data-item", first_pages[-2])
@@ -383,14 +386,16 @@ def test_a_job_of_1000_held_items_pages_in_the_browser_and_nothing_is_cut_off(ai
 
         page.goto(server.url + "/resumable/")
         page.locator("#filter-status").select_option("needs_review")
-        page.locator("#filter-apply").click()
+        with page.expect_navigation(timeout=60_000):
+            page.locator("#filter-apply").click()
         listed = page.locator("#jobs tbody tr")
         expect(listed.first).to_contain_text("needs review")
         assert set(listed.locator(".badge").all_inner_texts()) == {"needs review"}
         assert job_id in page.locator("#jobs").inner_text().replace("\n", "")
         page.locator("#filter-status").select_option("")
         page.locator("#filter-dag").fill("paging_other")
-        page.locator("#filter-apply").click()
+        with page.expect_navigation(timeout=60_000):
+            page.locator("#filter-apply").click()
         expect(listed).to_have_count(1)
         expect(listed.first).to_contain_text("paging_other/send/done")
 
