@@ -76,6 +76,17 @@ def _mail_owner() -> tuple[int, int, str]:
     return os.getuid(), os.getgid(), pwd.getpwuid(os.getuid()).pw_name
 
 
+def _end(proc: subprocess.Popen, *, grace: float) -> None:
+    """SIGTERM, and SIGKILL if ``proc`` is still there after ``grace`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
 def _wait_for_port(port: int, proc: subprocess.Popen, what: str, log: Path | None = None) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -108,13 +119,7 @@ class SmtpSink:
         _wait_for_port(self.port, self.proc, "the SMTP sink", self.log)
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        _end(self.proc, grace=10)
 
 
 def _sink_main(args: argparse.Namespace) -> None:
@@ -217,13 +222,7 @@ class Dovecot:
         _wait_for_port(self.port, self.proc, "dovecot", root / "dovecot.log")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        _end(self.proc, grace=15)
         try:
             os.killpg(self.proc.pid, signal.SIGKILL)  # any child the master left behind
         except ProcessLookupError:
