@@ -120,9 +120,17 @@ def test_different_jobs_in_one_journal_run_concurrently(tmp_path, journal_locati
     code, summary, err = a.finish()
     assert code == EXIT_COMPLETED, (code, summary, err)
 
-    # Both jobs busy at the same time, writing the same file.
-    c = ChildRun(tmp_path, journal_path, receiver_path, "job-c", step_ms=(1, 3))
-    d = ChildRun(tmp_path, journal_path, receiver_path, "job-d", step_ms=(1, 3))
+    # Both jobs busy at the same time, writing the same file: each stops mid-batch (holding its own
+    # lock) until both have got there, then both finish at once. (Started side by side without the
+    # stop, one child could finish before the other's interpreter was up on a loaded machine.)
+    both = tmp_path / "release-both"
+    c = ChildRun(tmp_path, journal_path, receiver_path, "job-c", step_ms=(1, 3), pause_at="local",
+                 pause_item="item-013", release=both)
+    d = ChildRun(tmp_path, journal_path, receiver_path, "job-d", step_ms=(1, 3), pause_at="local",
+                 pause_item="item-013", release=both)
+    c.wait_ready()
+    d.wait_ready()
+    both.touch()
     for child in (c, d):
         code, summary, err = child.finish()
         assert code == EXIT_COMPLETED, (code, summary, err)
