@@ -15,14 +15,17 @@ PYTHON_MATRIX ?= 3.10 3.13
 # 3.2.2's own dependencies resolve to FastAPI/Pydantic releases that break its execution API; the
 # official constraints file is out of reach here, so pip (>= 26) picks what existed in May 2026.
 PIP_ARGS_3.2.2 = --uploaded-prior-to 2026-06-01T00:00:00Z
-AIRFLOW_LAYER_TESTS = tests/test_airflow_layer.py tests/test_ui_plugin.py tests/test_metrics_and_link.py \
-	tests/test_sensor_journal.py tests/test_review_operator.py tests/test_smtp_receiver.py::TestWithoutServers
-CORE_TESTS = tests/test_article_scenario.py tests/test_bad_input.py tests/test_cli.py tests/test_crash_matrix.py \
-	tests/test_decide.py tests/test_durability.py tests/test_job_lock.py tests/test_journal.py \
-	tests/test_postgres_failures.py tests/test_postgres_journal.py tests/test_properties.py \
-	tests/test_receipt_log.py tests/test_secrets.py tests/test_shared_journal.py tests/test_three_way_verify.py \
-	tests/test_bulk_resolution.py tests/test_generations.py tests/test_stop.py tests/test_versions.py tests/test_decision_input.py tests/test_stale_decisions.py \
-	tests/test_fleet_scale.py
+AIRFLOW_LAYER_TESTS = $(addprefix tests/airflow_layer/,test_airflow_layer.py test_metrics_and_link.py \
+	test_sensor_journal.py test_review_operator.py) tests/faces/test_ui_plugin.py \
+	tests/outside_systems/test_smtp_receiver.py::TestWithoutServers tests/core/test_public_api.py
+# Every test of the core (tests/core, the engines, the CLI) that runs without Airflow installed.
+CORE_TESTS = $(addprefix tests/core/,test_article_scenario.py test_bad_input.py test_bulk_resolution.py \
+	test_crash_matrix.py test_decide.py test_decision_input.py test_durability.py test_generations.py \
+	test_job_lock.py test_properties.py test_public_api.py test_receipt_log.py test_stale_decisions.py \
+	test_stop.py test_three_way_verify.py) \
+	$(addprefix tests/engines/,test_fleet_scale.py test_journal.py test_postgres_failures.py \
+	test_postgres_journal.py test_secrets.py test_shared_journal.py test_versions.py) \
+	tests/faces/test_cli.py
 # A Python of that minor: pyenv's, else one on PATH.
 python_for = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) $(shell command -v python$(1)))
 
@@ -83,7 +86,7 @@ cell-python-%: .venv-python-%/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo
-	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner.py airflow_resumable/_fs.py airflow_resumable/errors.py
+	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner airflow_resumable/_fs.py airflow_resumable/errors.py airflow_resumable/exceptions.py
 
 demo: $(VENV)/.installed  ## the article's experiment end to end through real Airflow
 	$(PY) -m demo

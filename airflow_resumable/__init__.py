@@ -4,7 +4,7 @@ The journal core (:mod:`airflow_resumable.journal`, :mod:`airflow_resumable.runn
 from Airflow; the operators and sensors adapt Airflow's context to it.
 """
 
-from airflow_resumable.errors import ResumableError
+from airflow_resumable.exceptions import ResumableError
 
 __all__ = ["ResumableError", "__version__"]
 __version__ = "0.3.0"

@@ -34,9 +34,6 @@ def airflow_version() -> tuple[int, int]:
     return 0, 0
 
 
-AIRFLOW_V_3_3_PLUS = airflow_version() >= (3, 3)
-
-
 def conf() -> Any:
     """Airflow's configuration as a task, the triggerer or the API server reads it."""
     try:
@@ -59,6 +56,16 @@ def stats_incr(name: str, count: int, tags: dict[str, str]) -> None:
             from airflow.stats import Stats  # 3.1
         incr = Stats.incr
     incr(name, count=count, tags=tags)
+
+
+def store_forever(store: Any, key: str, value: Any) -> None:
+    """Set ``key`` in the task state store past the store's default retention, where Airflow allows it."""
+    try:
+        from airflow.sdk.execution_time.context import NEVER_EXPIRE
+    except ImportError:
+        store.set(key, value)
+    else:
+        store.set(key, value, retention=NEVER_EXPIRE)
 
 
 def airflow_fail_exception() -> type[Exception]:

@@ -19,12 +19,10 @@ from functools import cache
 import pendulum
 from pendulum.tz.timezone import FixedTimezone, Timezone
 
+from airflow_resumable.exceptions import DurationError
+
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 DURATION_HELP = "e.g. 30d, 12h, 90m, 2w, or ISO 8601 such as P30D or PT12H"
-
-
-class DurationError(ValueError):
-    """A duration that cannot be read; the message says what to write instead."""
 
 
 def parse_duration(text: str) -> timedelta:

@@ -24,7 +24,8 @@ import json
 import re
 from typing import Any
 
-from airflow_resumable.journal.errors import ResolutionError
+from airflow_resumable.exceptions import DecisionInputError
+from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import ENTRY_FIELDS, HeldStep, version_text
 
 # A decision list is two levels deep (a list of objects). Past this, the file is not a decision list,
@@ -42,23 +43,6 @@ DISPLAY_ONLY_FIELDS = HELD_JSON_FIELDS - ENTRY_FIELDS
 # Brackets outside strings (a string, escapes and all, is matched whole and skipped).
 _JSON_STRUCTURE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
 _UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
-
-
-class DecisionInputError(ResolutionError):
-    """Decision input that cannot be read as decisions (a file, an argument): nothing was applied."""
-
-
-def text_problem(value: str) -> str | None:
-    """What makes ``value`` text the journal cannot take, or None: a NUL character or a lone surrogate
-    (a ``\\ud800`` escape with no pair in JSON, or bytes of an argument that were not UTF-8)."""
-    if "\x00" in value:
-        return "contains a NUL character; remove it"
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return ("contains a lone surrogate (bytes that are not UTF-8, or a \\ud800-style escape with no pair); "
-                "fix the text")
-    return None
 
 
 def check_text(value: str, what: str) -> str:

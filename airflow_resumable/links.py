@@ -1,4 +1,7 @@
-"""The "Resumable job" button on a batch task instance: a link to its job on the Resumable jobs page."""
+"""The "Resumable job" button on a batch task instance: a link to its job on the Resumable jobs page.
+
+Also where that page lives (``URL_PREFIX``, a job's path): the page imports them from here, as this
+module loads on workers and must not import FastAPI, while the page may import this one."""
 
 from __future__ import annotations
 
@@ -7,13 +10,18 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_resumable._airflow import SUMMARY_XCOM_KEY
+from airflow_resumable.hooks.journal import SUMMARY_XCOM_KEY, default_job_id_of
 
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
-# Kept in step with airflow_resumable.plugins.ui (not imported: that would load FastAPI on workers).
+# Where Airflow's API server mounts the Resumable jobs page (its app, airflow_resumable.plugins.ui).
 URL_PREFIX = "/resumable"
+
+
+def job_path(job_id: str) -> str:
+    """The job page relative to the page's app; every character of the id is escaped (ids hold '/' and '+')."""
+    return f"/jobs/{quote(job_id, safe='')}"
 
 
 def job_url(job_id: str | None) -> str:
@@ -21,14 +29,8 @@ def job_url(job_id: str | None) -> str:
     from airflow_resumable._compat import conf
 
     base = (conf().get("api", "base_url", fallback="") or "").rstrip("/")
-    path = f"{URL_PREFIX}/jobs/{quote(job_id, safe='')}" if job_id else f"{URL_PREFIX}/"
+    path = URL_PREFIX + (job_path(job_id) if job_id else "/")
     return base + path
-
-
-def default_job_id_for(ti_key: Any) -> str:
-    job_id = f"{ti_key.dag_id}/{ti_key.task_id}/{ti_key.run_id}"
-    map_index = getattr(ti_key, "map_index", -1)
-    return job_id + (f"/{map_index}" if map_index is not None and map_index >= 0 else "")
 
 
 class ResumableJobLink(BaseOperatorLink):
@@ -52,5 +54,5 @@ class ResumableJobLink(BaseOperatorLink):
             # An unrendered template is not a job id; the default one is computable from the key.
             job_id = configured if isinstance(configured, str) and "{{" not in configured else None
             if job_id is None and not configured:
-                job_id = default_job_id_for(ti_key)
+                job_id = default_job_id_of(ti_key)
         return job_url(job_id)

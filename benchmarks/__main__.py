@@ -52,7 +52,7 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "concurrency_postgres": {"n": 10_000, "serial_n": 2_000},
         # n items per runner process; 1 runner, then 8 at once, 3 times (the median repetition is reported).
         "scaleout_postgres": {"n": 1_000, "processes": 8, "reps": 3},
-        # SPEC §11: a journal of n_big items (3 steps each) vs one of n_small, filled in SQL; the prune
+        # A journal of n_big items (3 steps each) vs one of n_small, filled in SQL; the prune
         # takes the big journal's finished half. --journal-items sets n_big.
         "journal_size": JOURNAL_SIZE,
         "journal_size_postgres": JOURNAL_SIZE,

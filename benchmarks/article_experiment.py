@@ -35,7 +35,7 @@ SEND_STEP = "notify_external"
 MODES = ("before_accept", "after_accept")
 JOB_ID = "article/job-1"
 
-# The article's table (SPEC §0): what every trial must reproduce exactly.
+# The article's table: what every trial must reproduce exactly.
 EXPECTED: dict[str, dict[str, int]] = {
     "before_accept": {"rerun_executed": 150, "rerun_skipped": 0, "rerun_duplicates": 40,
                       "run2_executed": 27, "run2_skipped": 122, "run3_executed": 1, "duplicates": 0},

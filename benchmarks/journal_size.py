@@ -1,4 +1,4 @@
-"""Journal size (SPEC §11): what an on-call's reads, a new job and a prune cost in a big journal vs a small one.
+"""Journal size: what an on-call's reads, a new job and a prune cost in a big journal vs a small one.
 
 One child process per engine measures, in one run, a big journal (``n_big`` items, default
 10,000,000, in ``jobs_big`` jobs) against a small one (``n_small`` = 10,000 items in ``jobs_small``

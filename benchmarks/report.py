@@ -165,7 +165,7 @@ def _postgres_rows(sections: dict[str, Any]) -> list[Row]:
     return out
 
 
-# The journal-size sections (SPEC §11): each on-call read, big journal / small journal.
+# The journal-size sections: each on-call read, big journal / small journal.
 JOURNAL_READS = {"jobs_page": "jobs page (100)", "held_page": "held page (100)",
                  "job_page": "one job's page (summary + 100 rows)", "ui_jobs": "the page: jobs (HTML)",
                  "ui_job": "the page: one job (HTML)", "ui_jobs_json": "the page: jobs JSON",
@@ -295,7 +295,7 @@ _OUTCOME = {"not_delivered": "no receipt, sent once in run 3", "delivered": "rec
 
 
 def article_markdown(article: dict[str, Any]) -> str:
-    """The article's comparison table (SPEC §0) with this run's numbers."""
+    """The article's comparison table with this run's numbers."""
     before, after = article["modes"]["before_accept"], article["modes"]["after_accept"]
     b, a = before["counts"], after["counts"]
     return "\n".join([

@@ -539,7 +539,7 @@ def _send_main(args: argparse.Namespace) -> None:
     The last stdout line is a JSON summary. Exit 0: completed; 3: something held; 5: a send failed."""
     sys.path.insert(0, str(REPO))
     from airflow_resumable.journal import StepJournal
-    from airflow_resumable.notifiers.smtp import SmtpReceiver
+    from airflow_resumable.receivers.smtp import SmtpReceiver
     from airflow_resumable.runner import Step, run_batch
 
     receiver = SmtpReceiver("mail_smtp", from_email="batch@example.test", to="{to}",

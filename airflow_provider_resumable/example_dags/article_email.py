@@ -1,6 +1,6 @@
 """The article's scenario for e-mail: 50 items x 3 steps, the send an e-mail through Airflow's SMTP hook.
 
-* ``article_email``: ResumableBatchOperator with :class:`~airflow_resumable.notifiers.smtp.SmtpReceiver`
+* ``article_email``: ResumableBatchOperator with :class:`~airflow_resumable.receivers.smtp.SmtpReceiver`
   (retries=1): a message per item whose Message-ID is derived from its idempotency key, a blind copy
   to the archive address, and ``verify`` searching the archive over IMAP. When item-041's session is
   cut, try 1 fails there and try 2 resumes: a cut before the end-of-data marker is sent again at once;
@@ -25,8 +25,8 @@ import pendulum
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
-from airflow_resumable.notifiers.smtp import SmtpReceiver
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+from airflow_resumable.receivers.smtp import SmtpReceiver
 from airflow_resumable.runner import StepContext, idempotency_key
 
 ITEMS = [{"id": f"item-{i:03d}", "amount": i * 100, "to": f"user{i}@example.test"} for i in range(1, 51)]

@@ -19,9 +19,9 @@ import pendulum
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG
 
-from airflow_resumable.notifiers.http import HttpReceiver
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
 from airflow_resumable.operators.review import ReviewHeldItemsOperator
+from airflow_resumable.receivers.http import HttpReceiver
 from airflow_resumable.runner import Step, StepContext, idempotency_key
 
 ITEMS = [{"id": f"item-{i:03d}", "amount": i * 100, "to": f"user{i}@example.test"} for i in range(1, 51)]

@@ -18,9 +18,21 @@ from typing import Any, Literal, Protocol
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.statements import Statement
 
-__all__ = ["BRIEF_HOLDERS", "Claim", "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Statement", "Tx"]
+__all__ = [
+    "BRIEF_HOLDERS", "DURABILITIES", "Claim", "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Statement",
+    "Tx", "checked_durability",
+]
 
 Durability = Literal["full", "normal"]
+DURABILITIES: tuple[Durability, ...] = ("full", "normal")
+
+
+def checked_durability(value: object, setting: str = "durability") -> Durability:
+    """``value`` if it names a durability; else a ValueError naming ``setting`` and the choices."""
+    for durability in DURABILITIES:
+        if value == durability:
+            return durability
+    raise ValueError(f"{setting} must be 'full' or 'normal', not {value!r}")
 
 # Who holds a job only for one short transaction: a runner finding them waits instead of failing.
 FOLD_RUNNER, RESOLUTION_RUNNER = "receipt log fold", "resolution"
@@ -149,9 +161,7 @@ class EngineBase:
     migrated_from: int | None = None
 
     def __init__(self, durability: Durability) -> None:
-        if durability not in ("full", "normal"):
-            raise ValueError(f"durability must be 'full' or 'normal', not {durability!r}")
-        self.durability: Durability = durability
+        self.durability: Durability = checked_durability(durability)
         self.commit_count = 0
         self.durable_commit_count = 0
 

@@ -432,9 +432,8 @@ class PostgresBackend(EngineBase):
         if job_id in self._claimed:
             busy = JobBusyError(
                 f"job {job_id!r} is already running in this process (journal {self.location}). Nothing was "
-                "sent; two runs of one job would send items twice."
+                "sent; two runs of one job would send items twice.", holder=f"pid {os.getpid()} (this process)",
             )
-            busy.holder, busy.runner = f"pid {os.getpid()} (this process)", None
             raise busy
         return AdvisoryClaim(self, job_id, runner)
 
@@ -479,9 +478,9 @@ class AdvisoryClaim:
                     f"job {job_id!r} is already running ({holder}, journal {journal.location}). Nothing was "
                     "sent. Wait for that run to finish or stop it; two runs of one job would send items "
                     "twice." + ("" if holder_runner in BRIEF_HOLDERS else
-                                f" A runner that vanished loses the job within {journal.claim_timeout:.0f} s.")
+                                f" A runner that vanished loses the job within {journal.claim_timeout:.0f} s."),
+                    holder=holder, runner=holder_runner,
                 )
-                busy.holder, busy.runner = holder, holder_runner
                 raise busy
             # The claim lives in the session; it only excludes anyone if the next transactions run
             # in that same session. A transaction-pooling proxy hands each one to any server session.

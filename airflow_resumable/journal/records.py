@@ -66,7 +66,7 @@ class StepRecord:
     attempts: int
     created_at: datetime
     updated_at: datetime
-    # The send's key generation (SPEC §9: 0 unless a use_new_input resolution moved it on) and whether
+    # The send's key generation (0 unless a use_new_input resolution moved it on) and whether
     # this FAILED send provably never left the process (the next run sends it without verify).
     generation: int = 0
     not_sent: bool = False
@@ -151,6 +151,12 @@ class Resolution:
     resolved_at: datetime
     previous_status: str | None
     previous_held_reason: str | None
+
+    def as_json(self) -> dict[str, Any]:
+        """The audit row as every surface reports it (the resolve DAG's result, the page and its JSON)."""
+        return {"audit_id": self.id, "job_id": self.job_id, "item_id": self.item_id, "step": self.step,
+                "decision": self.decision, "receipt": self.receipt, "note": self.note,
+                "resolved_by": self.resolved_by, "resolved_at": self.resolved_at.isoformat()}
 
 
 def ts(value: float) -> datetime:

@@ -16,7 +16,7 @@ def _finished_at(seconds_type: str) -> tuple[str, ...]:
     return (f"ALTER TABLE jobs ADD COLUMN finished_at {seconds_type}", "UPDATE jobs SET finished_at = updated_at")
 
 
-# Version 5 (SPEC §9): a send's key generation (0 = the key earlier versions used, so existing
+# Version 5: a send's key generation (0 = the key earlier versions used, so existing
 # journals keep their keys; a use_new_input resolution starts the next one), and whether a FAILED
 # send provably never left the process (NotSentError, or a not_delivered settlement): such a row is
 # sent again by the next run without verify or hold. Both columns are kept whatever the runner

@@ -563,9 +563,8 @@ class JobLock:
                 busy = JobBusyError(
                     f"job {job_id!r} is already running ({holder}, journal {journal_path}). "
                     "Nothing was sent. Wait for that run to finish or stop it; two runs of one job "
-                    "would send items twice."
+                    "would send items twice.", holder=holder, runner=holder_runner,
                 )
-                busy.holder, busy.runner = holder, holder_runner
                 raise busy from None
             except BaseException:
                 os.close(self._fd)

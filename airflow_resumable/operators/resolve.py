@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import pendulum
 from airflow.sdk import DAG, BaseOperator, Param
 
-from airflow_resumable._airflow import RESOLVE_DAG_ID, journal_target
-from airflow_resumable.errors import ResumableError
+from airflow_resumable.exceptions import ResolutionRefused
+from airflow_resumable.hooks.journal import RESOLVE_DAG_ID, journal_target
 from airflow_resumable.journal import DECISIONS, JournalError, StaleDecisionError, StepJournal
 from airflow_resumable.journal.records import (
     ENTRY_FIELDS,
@@ -27,10 +27,6 @@ if TYPE_CHECKING:
 
 __all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator", "resolve_held_item_dag"]
 _STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "version", "resolved_by")
-
-
-class ResolutionRefused(ResumableError, ValueError):
-    """The conf asked for something the journal refuses; the journal is unchanged."""
 
 
 class ResolveOperator(BaseOperator):
@@ -90,8 +86,7 @@ class ResolveOperator(BaseOperator):
         done = []
         for r in resolutions:
             self.log.info("Resolved %s / %s / %s as %s by %s", r.job_id, r.item_id, r.step, r.decision, r.resolved_by)
-            done.append({"job_id": r.job_id, "item_id": r.item_id, "step": r.step, "decision": r.decision,
-                         "resolved_by": r.resolved_by, "resolved_at": r.resolved_at.isoformat(), "audit_id": r.id})
+            done.append(r.as_json())
         if not conf["resolutions"]:
             return done[0]
         self.log.info("%d held step(s) settled in one transaction", len(done))
@@ -147,12 +142,9 @@ def _conf(context: Context) -> dict[str, Any]:
 
 
 def _triggering_user(context: Context) -> str | None:
-    dag_run = context.get("dag_run")
-    for attribute in ("triggering_user_name",):
-        value = getattr(dag_run, attribute, None)
-        if isinstance(value, str) and value.strip():
-            return value
-    return None
+    # Who triggered the run (Airflow records it from the UI, the REST API and the CLI).
+    value = getattr(context.get("dag_run"), "triggering_user_name", None)
+    return value if isinstance(value, str) and value.strip() else None
 
 
 def resolve_held_item_dag(

@@ -17,7 +17,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
-from airflow_resumable._airflow import (
+from airflow_resumable._compat import airflow_fail_exception, store_forever
+from airflow_resumable._metrics import emit_batch_metrics
+from airflow_resumable.exceptions import ResumableError
+from airflow_resumable.hooks.journal import (
     RESOLVE_DAG_ID,
     STATE_STORE_KEY,
     SUMMARY_XCOM_KEY,
@@ -26,10 +29,8 @@ from airflow_resumable._airflow import (
     default_job_id,
     journal_target,
 )
-from airflow_resumable._compat import airflow_fail_exception
-from airflow_resumable._metrics import emit_batch_metrics
-from airflow_resumable.errors import ResumableError
 from airflow_resumable.journal import HeldReason, StepJournal
+from airflow_resumable.journal.backend import checked_durability
 from airflow_resumable.links import ResumableJobLink
 from airflow_resumable.runner import BatchProgress, BatchResult, BatchStopped, Step, check_concurrency, run_batch
 
@@ -96,7 +97,7 @@ class ResumableBatchOperator(BaseOperator):
 
     template_fields: Sequence[str] = ("items", "job_id")
     ui_color = "#e8f4ea"
-    # The task instance's "Resumable job" button opens its job on the Resumable jobs page (issue 6).
+    # The task instance's "Resumable job" button opens its job on the Resumable jobs page.
     operator_extra_links = (ResumableJobLink(),)
 
     def __init__(
@@ -136,8 +137,8 @@ class ResumableBatchOperator(BaseOperator):
                 raise ValueError(f"{self.task_id}: give steps=[Step(...), ...] or at least notify=")
         if on_held not in ("fail", "succeed"):
             raise ValueError(f"{self.task_id}: on_held must be 'fail' or 'succeed', not {on_held!r}")
-        if durability is not None and durability not in ("full", "normal"):
-            raise ValueError(f"{self.task_id}: durability must be 'full' or 'normal', not {durability!r}")
+        if durability is not None:
+            checked_durability(durability, f"{self.task_id}: durability")
         self.items = items
         self.steps = list(steps)
         self.job_id = job_id
@@ -240,13 +241,10 @@ class ResumableBatchOperator(BaseOperator):
             summary = _summary(result, journal, hostname)
         context["ti"].xcom_push(key=SUMMARY_XCOM_KEY, value=summary)
         self._report(result)
-        # Metrics (issue 6): before a held-items failure, so held counts are reported too.
+        # Metrics before a held-items failure, so held counts are reported too.
         emit_batch_metrics(result, dag_id=context["ti"].dag_id, task_id=context["ti"].task_id)
         if result.held and self.on_held == "fail":
-            if self._retry_can_help(result):
-                raise HeldItemsError(_held_message(result))
-            raise HeldItemsNeedAHumanError(_held_message(result) + "\nNo retry can settle these (their steps have "
-                                           "no verify), so this try fails without using the remaining retries.")
+            raise held_items_error(result, self.steps)
         return summary
 
     def _guard_worker(self, context: Context, journal: StepJournal, job_id: str, hostname: str) -> None:
@@ -297,12 +295,7 @@ class ResumableBatchOperator(BaseOperator):
             self.log.warning("Resumable job %s: %s; start_afresh=True, starting over.", job_id, danger)
         if store is not None:
             # Kept past the store's default retention: a Clear months later must still be guarded.
-            try:
-                from airflow.sdk.execution_time.context import NEVER_EXPIRE
-            except ImportError:
-                store.set(STATE_STORE_KEY, here)
-            else:
-                store.set(STATE_STORE_KEY, here, retention=NEVER_EXPIRE)
+            store_forever(store, STATE_STORE_KEY, here)
 
     def on_kill(self) -> None:
         """Airflow stops the task (SIGTERM on "mark failed", "mark success", Clear; or the execution
@@ -313,12 +306,6 @@ class ResumableBatchOperator(BaseOperator):
         if stop is not None:
             self.__dict__.setdefault("_stop_asked_at", time.time())  # for the "Stopped on request" line
             stop.set()
-
-    def _retry_can_help(self, result: BatchResult) -> bool:
-        """A retry asks ``verify`` again about unknown-outcome sends (a receiver may record late); nothing
-        else held changes without a human."""
-        with_verify = {step.name for step in self.steps if step.side_effect and step.verify is not None}
-        return any(h.reason == HeldReason.UNKNOWN_OUTCOME and h.step in with_verify for h in result.held)
 
     def _log_progress(self, progress: BatchProgress) -> None:
         self._last_progress = progress
@@ -375,6 +362,17 @@ def _summary(result: BatchResult, journal: StepJournal, hostname: str) -> dict[s
         ],
         "held_truncated": len(result.held) > HELD_IN_SUMMARY,
     }
+
+
+def held_items_error(result: BatchResult, steps: Sequence[Step]) -> HeldItemsError:
+    """The error a run that held items fails its task with. A retry asks ``verify`` again about
+    unknown-outcome sends (a receiver may record late): worth the task's retries while some held send
+    has a verify. Nothing else held changes without a human: then the task fails without spending them."""
+    with_verify = {step.name for step in steps if step.side_effect and step.verify is not None}
+    if any(h.reason == HeldReason.UNKNOWN_OUTCOME and h.step in with_verify for h in result.held):
+        return HeldItemsError(_held_message(result))
+    return HeldItemsNeedAHumanError(_held_message(result) + "\nNo retry can settle these (their steps have no "
+                                    "verify), so this try fails without using the remaining retries.")
 
 
 def _held_message(result: BatchResult) -> str:

@@ -32,7 +32,7 @@ from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
-from airflow_resumable._airflow import batch_job, journal_target, open_batch_journal
+from airflow_resumable.hooks.journal import RESOLVE_DAG_ID, batch_job, journal_target, open_batch_journal
 from airflow_resumable.journal import (
     DECISIONS_BY_REASON,
     HeldReason,
@@ -227,7 +227,7 @@ def review_body(job_id: str, held: list[HeldStep], rows: dict[tuple[str, str], S
         lines.append(line)
     if more:
         lines += ["", f"{more} more held item(s) are not listed: answer these, then Clear this task for the next ones "
-                      "(or use the resolve_held_item DAG or `airflow-resumable resolve --file`)."]
+                      f"(or use the {RESOLVE_DAG_ID} DAG or `airflow-resumable resolve --file`)."]
     return "\n".join(lines)
 
 

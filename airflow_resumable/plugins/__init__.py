@@ -1,5 +1,10 @@
 """The "Resumable jobs" page in the Airflow UI: an Airflow plugin registered by this provider.
 
+The page shows the step journal's jobs, held items and step rows, and settles held items: its Resolve
+form and "Resolve several" post decisions that the journal applies as the signed-in user (with
+Airflow's edit permission on the job's DAG). The app and its parts are in ``ui`` and the modules it
+names.
+
 Loaded by Airflow's plugins manager through the ``airflow.plugins`` entry point (what Airflow 3.3
 reads by default) and listed under ``plugins`` in the provider info (what it reads when
 ``[core] lazy_discover_providers`` is off). Importing this module stays cheap: workers load plugins
@@ -10,7 +15,8 @@ from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_resumable.plugins.ui import URL_PREFIX, app
+from airflow_resumable.links import URL_PREFIX
+from airflow_resumable.plugins.ui import app
 
 # The UI shows the page in an iframe under /plugin/<url_route>; href is what the iframe loads.
 # Relative (no leading slash), so it resolves against Airflow's <base href> and follows [api] base_url.
@@ -24,7 +30,8 @@ EXTERNAL_VIEW = {
 
 
 class ResumableJobsPlugin(AirflowPlugin):
-    """Jobs and held items of the step journal, read-only, behind Airflow's own authentication."""
+    """Jobs and held items of the step journal, and decisions that settle held items, behind Airflow's
+    own authentication and DAG permissions (read to see a job, edit to settle it)."""
 
     name = "resumable_jobs"
     fastapi_apps = [{"app": app, "url_prefix": URL_PREFIX, "name": "Resumable jobs"}]

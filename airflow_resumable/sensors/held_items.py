@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
-from airflow_resumable._airflow import JournalTarget, batch_job, journal_target, open_batch_journal
+from airflow_resumable.hooks.journal import JournalTarget, batch_job, journal_target, open_batch_journal
 from airflow_resumable.journal import JobBusyError
 from airflow_resumable.runner import verify_held
-from airflow_resumable.triggers.held_items import HeldItemTrigger
+from airflow_resumable.triggers.held_items import HeldItemTrigger, job_settled
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -124,10 +124,8 @@ class HeldItemSensor(BaseSensorOperator):
     def _check(self, job_id: str, target: JournalTarget, recorded_id: str | None) -> str | None:
         """None once the job is settled; else the id of the journal that holds it."""
         with open_batch_journal(target, owner=self.task_id, recorded_id=recorded_id) as journal:
-            job = journal.job(job_id)
-            if job is None:
-                raise ValueError(f"{self.task_id}: journal {journal.location} has no job {job_id!r}")
-            if self.verify is not None and not job.settled:
+            job = journal.job(job_id) if self.verify is not None else None
+            if job is not None and not job.settled:  # something for verify to ask the receiver about
                 try:
                     for settled in verify_held(journal, job_id, self.verify, resolved_by=f"sensor {self.task_id}"):
                         self.log.info("%s / %s: settled by the receiver's answer", settled.item_id, settled.step)
@@ -135,10 +133,8 @@ class HeldItemSensor(BaseSensorOperator):
                     # A run of the job is under way: it verifies its own held sends. Ask again next poke.
                     self.log.info("Job %s is running right now; not settled yet", job_id)
                     return journal.journal_id
-                job = journal.job(job_id)
-                assert job is not None
-            if job.settled:
-                self.log.info("Job %s has nothing held or unresolved", job_id)
-                return None
-            self.log.info("Job %s: %d held, %d unresolved; waiting", job_id, job.held, job.unresolved)
-            return journal.journal_id
+            try:
+                settled = job_settled(journal, job_id, self.log)
+            except ValueError as exc:  # no such job in this journal
+                raise ValueError(f"{self.task_id}: {exc}") from None
+            return None if settled else journal.journal_id

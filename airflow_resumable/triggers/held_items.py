@@ -16,6 +16,19 @@ from typing import Any
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 
+def job_settled(journal: Any, job_id: str, log: Any) -> bool:
+    """Whether job ``job_id`` has nothing held or unresolved, said in the log either way (the sensor's
+    poke and the trigger's poll). ValueError if the journal has no such job: waiting cannot help."""
+    job = journal.job(job_id)
+    if job is None:
+        raise ValueError(f"journal {journal.location} has no job {job_id!r}")
+    if job.settled:
+        log.info("Job %s has nothing held or unresolved", job_id)
+        return True
+    log.info("Job %s: %d held, %d unresolved; waiting", job_id, job.held, job.unresolved)
+    return False
+
+
 class HeldItemTrigger(BaseTrigger):
     """Fire once job ``job_id`` of the shared journal behind ``journal_conn_id`` is settled.
 
@@ -43,23 +56,21 @@ class HeldItemTrigger(BaseTrigger):
 
     def _check(self) -> dict[str, Any] | None:
         """One poll: an event to fire, or None to wait on. Raises JournalError/OSError on a failed read."""
-        from airflow_resumable._airflow import journal_target
+        from airflow_resumable.hooks.journal import journal_target
 
         with journal_target(conn_id=self.journal_conn_id).open() as journal:
             if journal.journal_id != self.journal_id:
                 return {"status": "error", "message": (
                     f"connection {self.journal_conn_id!r} now reaches another journal than the one the sensor "
                     f"saw ({journal.location}); point it back at the journal that holds job {self.job_id!r}")}
-            job = journal.job(self.job_id)
-            if job is None:
-                return {"status": "error", "message": f"journal {journal.location} has no job {self.job_id!r}"}
-            if job.settled:
-                return {"status": "settled", "job_id": self.job_id}
-            self.log.info("Job %s: %d held, %d unresolved; waiting", self.job_id, job.held, job.unresolved)
-            return None
+            try:
+                settled = job_settled(journal, self.job_id, self.log)
+            except ValueError as exc:
+                return {"status": "error", "message": str(exc)}
+            return {"status": "settled", "job_id": self.job_id} if settled else None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_resumable._airflow import JournalConfigError
+        from airflow_resumable.hooks.journal import JournalConfigError
         from airflow_resumable.journal import JournalError
 
         while True:

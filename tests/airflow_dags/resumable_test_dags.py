@@ -52,7 +52,7 @@ with DAG("article_wrong_worker", schedule=None, start_date=start, default_args=d
 with DAG("article_wrong_worker_afresh", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), start_afresh=True)
 
-# Issue 12, finding 5: try 1 fails before writing anything; try 2 on the same worker must run.
+# Found in hardening: try 1 fails before writing anything; try 2 on the same worker must run.
 with DAG("guard_bad_item_once", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items_bad_once, steps=steps(with_verify=False))
 
@@ -80,7 +80,7 @@ with DAG("article_shared_plain", schedule=None, start_date=start, default_args=d
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
                            journal_conn_id="resumable_journal")
 
-# Issue 12, finding 2: a team's own resolve DAG settles only its DAGs' jobs.
+# Found in hardening: a team's own resolve DAG settles only its DAGs' jobs.
 with DAG("resolve_team_a", schedule=None, start_date=start, catchup=False):
     ResolveOperator(task_id="resolve", job_dag_ids=["article_verify", "article_hold"])
 

@@ -1,4 +1,4 @@
-"""DAGs for the CeleryExecutor tests (tests/test_celery_deployment.py): 300 items to the demo HTTP
+"""DAGs for the CeleryExecutor tests (tests/deployments/test_celery_deployment.py): 300 items to the demo HTTP
 receiver (dedupe off), with a short pause per send so that a worker can be killed mid-batch.
 
 * ``celery_shared``: the shared journal (connection ``resumable_journal``): a retry resumes on any worker.
@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 
 from airflow.sdk import DAG
 
-from airflow_resumable.notifiers.http import HttpReceiver
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+from airflow_resumable.receivers.http import HttpReceiver
 from airflow_resumable.runner import Step
 from airflow_resumable.sensors.held_items import HeldItemSensor
 

@@ -1,0 +1,185 @@
+"""What each sub-command does with the journal, once its arguments are checked.
+
+Read commands (:data:`READ_COMMANDS`) open the journal read-only, so they work on a full disk;
+``resolve``, ``resolve-input`` and ``prune`` write. No command creates a journal: a typo in a path
+must not leave an empty one behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import getpass
+import json
+import sys
+from dataclasses import asdict
+from typing import Any
+
+from airflow_resumable.cli.output import emit, plain, printable, write_csv, write_json_list
+from airflow_resumable.cli.paging import each, listing, say_more
+from airflow_resumable.decision_input import full_version, is_short_version
+from airflow_resumable.exceptions import JournalError
+from airflow_resumable.journal import DECISIONS_BY_REASON, SCHEMA_VERSION, HeldReason, StepJournal, is_postgres_url, migrate
+from airflow_resumable.runner import idempotency_key as _key
+
+READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
+# What a table shows of a decision just applied (resolve, resolve --file, resolve-input).
+RESOLUTION_COLUMNS = ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"]
+
+
+def locate_journal(args: argparse.Namespace) -> Any:
+    """Where the journal is (a ``hooks.journal.JournalTarget``): --journal, --conn-id, else the Airflow config."""
+    from airflow_resumable.hooks.journal import JournalTarget, journal_target
+
+    if args.journal and is_postgres_url(args.journal):
+        from airflow_resumable.journal.postgres import redacted
+
+        return JournalTarget(args.journal, True, redacted(args.journal), {"schema": args.schema} if args.schema else {})
+    # Airflow logs to stdout while it looks a connection up; stdout is for our tables and JSON.
+    with contextlib.redirect_stdout(sys.stderr):
+        return journal_target(conn_id=args.conn_id, path=args.journal)
+
+
+def open_journal(args: argparse.Namespace) -> StepJournal:
+    """The journal the command works on; :class:`JournalError` if there is none there."""
+    target = locate_journal(args)
+    if not target.exists():  # no command creates a journal: a typo must not leave an empty one behind
+        raise JournalError(
+            f"no journal at {target.display}; pass --journal or --conn-id, or set [resumable] journal_path"
+        )
+    # Read commands write nothing (they work on a full disk); resolve and prune are writers.
+    journal: StepJournal = target.open(readonly=args.command in READ_COMMANDS)
+    return journal
+
+
+def migrate_journal(args: argparse.Namespace, out: Any) -> int:
+    """``migrate``: the journal the other commands would open, moved to this release's schema.
+
+    A shared journal's tables are created if there are none. A SQLite file that does not exist is left
+    so (the first task creates it, at this version; a typo must not leave an empty journal behind): a
+    single-host deployment can run the same init command as a fleet.
+    """
+    target = locate_journal(args)
+    where = target.display
+    if target.shared:
+        from airflow_resumable.journal.postgres import DEFAULT_SCHEMA
+
+        where += f" (schema {target.options.get('schema', DEFAULT_SCHEMA)})"
+    where = printable(where)
+    if not target.exists():
+        found: int | None = None
+        said = (f"journal {where}: none yet; a task creates it at schema version {SCHEMA_VERSION} when it first "
+                "opens it")
+        version = None
+    else:
+        found, version = migrate(target.location, **target.options)
+        said = (f"journal {where}: created at schema version {version}" if found is None
+                else f"journal {where}: already at schema version {version}" if found == version
+                else f"journal {where}: schema version {found} -> {version}")
+    if args.json:
+        out.write(json.dumps({"journal": where, "found": found, "version": version}) + "\n")
+    else:
+        out.write(said + "\n")
+    return 0
+
+
+def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
+    """Run the sub-command ``args`` names against ``journal``, writing what it prints to ``out``."""
+    who = getattr(args, "resolved_by", None) or getpass.getuser()
+    if args.command == "jobs":
+        page = listing(functools.partial(journal.jobs, status=args.status, dag_id=args.dag_id), args)
+        jobs = [{**asdict(j), "status": j.status, **j.counts, "held": j.held, "unresolved": j.unresolved}
+                for j in page]
+        emit(out, args.json, jobs, ["job_id", "status", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held",
+                                    "unresolved", "updated_at"])
+        say_more(out, page)
+    elif args.command == "show":
+        if journal.job(args.job_id) is None:
+            raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
+        if args.held and args.item is None:  # through the held steps (their cursor), not every row
+            page = listing(functools.partial(journal.held_rows, args.job_id), args)
+        else:  # one item's rows are few: its held ones are picked here
+            page = listing(functools.partial(journal.rows, args.job_id, args.item, status=args.status), args)
+        rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step, r.generation) if r.side_effect else None}
+                for r in page
+                if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
+        emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
+                                    "version", "idempotency_key", "updated_at"])
+        say_more(out, page)
+    elif args.command == "held":
+        page = listing(functools.partial(journal.held, args.job_id), args)
+        # The key to ask the receiver about; an input_changed hold is not about a send (no key).
+        held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step, h.generation)
+                 if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in page]
+        emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "version", "idempotency_key"])
+        say_more(out, page)
+    elif args.command == "resolve" and args.file:
+        resolutions = journal.apply_decisions(_with_full_versions(journal, args.entries), resolved_by=who)
+        emit(out, args.json, resolutions, RESOLUTION_COLUMNS)
+    elif args.command == "resolve":
+        resolution = journal.resolve(
+            args.job_id, args.item_id, args.step, delivered=args.delivered, receipt=args.receipt, resolved_by=who,
+            note=args.note, expected_version=_expected(journal, args.expected_version, args.job_id, args.item_id,
+                                                       args.step))
+        emit(out, args.json, resolution, RESOLUTION_COLUMNS)
+    elif args.command == "resolve-input":
+        resolution = journal.resolve_input_change(
+            args.job_id, args.item_id, use_new_input=args.use_new, resolved_by=who, note=args.note,
+            expected_version=_expected(journal, args.expected_version, args.job_id, args.item_id, None))
+        emit(out, args.json, resolution, RESOLUTION_COLUMNS)
+    elif args.command == "audit":
+        emit(out, args.json, journal.resolutions(args.job_id),
+             ["id", "item_id", "step", "decision", "receipt", "resolved_by", "resolved_at", "note"])
+    elif args.command == "prune":
+        pruned = journal.prune(args.older_than)
+        if args.json:
+            out.write(json.dumps({"pruned": pruned}) + "\n")
+        else:
+            out.write(f"pruned {len(pruned)} job(s)" + "".join(f"\n  {printable(j)}" for j in pruned) + "\n")
+    elif args.command == "export":  # streamed: a page in memory at a time, however big the job
+        exported = (plain(r) for r in each(functools.partial(journal.rows, args.job_id)))
+        if args.format == "json":
+            write_json_list(out, exported)
+        else:
+            write_csv(out, exported)
+    return 0
+
+
+# -- decisions carry the version of what was seen ------------------------------------------------------
+# A table shows a version's first characters; a decision typed from it is completed here from the row,
+# and the journal refuses it if the row changed since.
+
+
+def _current_version(journal: StepJournal, job_id: str, item_id: str, step: str | None) -> str | None:
+    """The version of the row a decision is about: the step's (a send's outcome), or the item's
+    input-change hold (``step`` None); None if there is no such row."""
+    for row in journal.rows(job_id, item_id):
+        if (row.step == step) if step is not None else (row.held_reason == HeldReason.INPUT_CHANGED):
+            return row.version
+    return None
+
+
+def _expected(journal: StepJournal, given: str | None, job_id: str, item_id: str, step: str | None) -> str | None:
+    """The version a decision carries: the short form a table shows stands for the row's current version
+    when it starts it; anything else goes to the journal as given (a changed row is refused there)."""
+    if given is None or not is_short_version(given):
+        return given
+    return full_version(given, _current_version(journal, job_id, item_id, step))
+
+
+def _with_full_versions(journal: StepJournal, entries: list[Any]) -> list[Any]:
+    """``resolve --file`` entries, each short-form version completed as :func:`_expected` does. An entry
+    that names no row clearly is left as it is, for the journal to refuse."""
+    completed = []
+    for entry in entries:
+        version = entry.get("version") if isinstance(entry, dict) else None
+        if isinstance(version, str) and is_short_version(version):
+            job_id, item_id, step, decision = (entry.get(f) for f in ("job_id", "item_id", "step", "decision"))
+            named = isinstance(job_id, str) and isinstance(item_id, str)
+            if named and decision in DECISIONS_BY_REASON[HeldReason.UNKNOWN_OUTCOME] and isinstance(step, str):
+                entry = {**entry, "version": _expected(journal, version, job_id, item_id, step)}
+            elif named and decision in DECISIONS_BY_REASON[HeldReason.INPUT_CHANGED]:  # about the item's hold
+                entry = {**entry, "version": _expected(journal, version, job_id, item_id, None)}
+        completed.append(entry)
+    return completed

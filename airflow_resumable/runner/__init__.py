@@ -1,0 +1,149 @@
+"""The resumable runner: the per-item state machine over the step journal.
+
+A run goes through the items once, in order, and for every step of every item asks the journal what
+is already known of it; the answer is a row of one table (:mod:`~airflow_resumable.runner.decisions`):
+run it, skip it, ask the receiver (:mod:`~airflow_resumable.runner.verify`), or hold the item for a
+human. It imports nothing from Airflow.
+
+The package's parts: :mod:`~airflow_resumable.runner.steps` (what a batch is made of),
+:mod:`~airflow_resumable.runner.decisions` (the table), :mod:`~airflow_resumable.runner.batch` (one
+run: the items read in and their steps walked), :mod:`~airflow_resumable.runner.drivers` (one send at
+a time, or many at once), :mod:`~airflow_resumable.runner.verify` (asking the receiver, in a run and
+between runs) and :mod:`~airflow_resumable.runner.results`. Import from the package, not from its parts:
+the parts may move.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from airflow_resumable.exceptions import BatchStopped, InvalidItemError, InvalidStepOutputError, NotSentError
+from airflow_resumable.journal import HeldStep, StepJournal
+from airflow_resumable.runner.batch import CHUNK_SIZE as CHUNK_SIZE
+from airflow_resumable.runner.batch import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
+from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepare
+from airflow_resumable.runner.decisions import Action as Action
+from airflow_resumable.runner.decisions import decide as decide
+from airflow_resumable.runner.drivers import MAX_CONCURRENCY as MAX_CONCURRENCY
+from airflow_resumable.runner.drivers import _check_stop, _Concurrent, _Sequential, check_concurrency
+from airflow_resumable.runner.results import BatchProgress, BatchResult
+from airflow_resumable.runner.steps import NOT_DELIVERED, Step, StepContext, _check_steps, canonical_digest, idempotency_key
+from airflow_resumable.runner.steps import StepFn as StepFn
+from airflow_resumable.runner.steps import VerifyFn as VerifyFn
+from airflow_resumable.runner.steps import _NotDelivered as _NotDelivered
+from airflow_resumable.runner.verify import VERIFY_RESOLVER as VERIFY_RESOLVER
+from airflow_resumable.runner.verify import verify_held
+
+# The star-import API. The "X as X" imports above are importable from here too, as they were before
+# the runner became a package (the operator, the receivers and the tests use them).
+__all__ = [
+    "BatchProgress",
+    "BatchStopped",
+    "BatchResult",
+    "HeldStep",
+    "InvalidItemError",
+    "InvalidStepOutputError",
+    "NOT_DELIVERED",
+    "NotSentError",
+    "Step",
+    "StepContext",
+    "canonical_digest",
+    "idempotency_key",
+    "run_batch",
+    "verify_held",
+]
+
+# The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
+log = logging.getLogger(__name__)
+
+
+def run_batch(
+    journal: StepJournal,
+    job_id: str,
+    items: Iterable[Mapping[str, Any]],
+    steps: Iterable[Step],
+    *,
+    id_field: str = "id",
+    concurrency: int = 1,
+    on_progress: Callable[[BatchProgress], None] | None = None,
+    progress_interval: float = 10.0,
+    runner: str | None = None,
+    stop: threading.Event | None = None,
+    dag_id: str | None = None,
+) -> BatchResult:
+    """Run ``steps`` over ``items`` under ``job_id``, resuming whatever the journal already has.
+
+    Items may be any iterable; they are streamed in chunks, never loaded whole. A step that raises
+    is recorded FAILED (type name only) and the exception propagates: run the job again to resume.
+    With ``concurrency=N`` up to N side-effect sends run at once on worker threads (local steps
+    and all journal writes stay on the calling thread); items may finish in a different order, with
+    the same results. Raises :class:`~airflow_resumable.journal.JobBusyError` at once if another
+    runner holds the job. Setting ``stop`` (from another thread or a signal handler) stops the run:
+    no send starts after that, the sends in flight are recorded, and :class:`BatchStopped` is raised;
+    the job stays unfinished (``JobSummary.status``) until a run goes through the whole batch.
+    ``dag_id``: the Airflow DAG running the job, recorded with it by its first run (who may settle its
+    held items is decided by that DAG).
+    """
+    if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
+        raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
+    if not isinstance(id_field, str) or not id_field:
+        raise ValueError("id_field must be a non-empty string")
+    check_concurrency(concurrency)
+    checked_steps = _check_steps(steps)
+    step_names = [s.name for s in checked_steps]
+    items_total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
+    started = last_report = time.monotonic()
+    result = BatchResult(job_id=job_id, status="completed")
+
+    def progress() -> BatchProgress:
+        # Items done: completed or held (a held item stops at its held step) - not merely read in.
+        return BatchProgress(result.items_completed + len(result.held), items_total, result.executed_steps,
+                             result.skipped_steps, len(result.held), time.monotonic() - started,
+                             result.verified_steps)
+
+    def report_if_due() -> None:
+        nonlocal last_report
+        if on_progress is not None and time.monotonic() - last_report >= progress_interval:
+            last_report = time.monotonic()
+            on_progress(progress())
+
+    with journal.open_job(job_id, runner=runner, dag_id=dag_id) as run:
+        batch = _Batch(run, checked_steps, result)
+        driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)
+        try:
+            for chunk in _chunks(items):
+                prepared = _prepare(chunk, id_field, result.items_total, run)
+                result.items_total += len(prepared)
+                # Items whose every step is SUCCEEDED with this very input are settled in bulk by
+                # the journal (row "SUCCEEDED -> skip" of the decision table, for all their steps).
+                unfinished = run.unfinished(step_names)
+                rows = run.lookup([p.item_id for p in prepared if p.item_id in unfinished]) if unfinished else {}
+                for p in prepared:
+                    if p.item_id in unfinished:
+                        _check_stop(stop)
+                        driver.start(p, rows.get(p.item_id, {}))
+                        report_if_due()  # by time, between items: slow sends still report
+                    else:
+                        result.skipped_steps += len(checked_steps)
+                        result.items_completed += 1
+                report_if_due()
+            driver.finish()
+            run.finished()  # the whole batch was gone through: the job is no longer unfinished
+        except BaseException:
+            driver.abort()
+            if on_progress is not None:
+                # How far this run got, for the task log and metrics; the original error still wins.
+                try:
+                    on_progress(progress())
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("on_progress raised %s while the batch was failing", type(exc).__name__)
+            raise
+    result.elapsed = time.monotonic() - started
+    result.status = "needs_review" if result.held else "completed"
+    if on_progress is not None:
+        on_progress(progress())
+    return result

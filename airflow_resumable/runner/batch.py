@@ -1,0 +1,267 @@
+"""One run of one job: reading the items in, and carrying out the decision table for each of their steps.
+
+Items are read in chunks of :data:`CHUNK_SIZE` and each chunk is validated whole before any item of
+it is touched (:func:`_prepare`). :class:`_Batch` walks an item's steps; it runs local steps itself and
+hands each send to a driver (:mod:`airflow_resumable.runner.drivers`), which marks it IN_FLIGHT,
+commits the mark and sends.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Generator, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_resumable.exceptions import InvalidItemError, InvalidStepOutputError, NotSentError
+from airflow_resumable.journal import HeldReason, HeldStep, JobRun, StepState
+from airflow_resumable.journal.checks import text_problem
+from airflow_resumable.journal.records import MAX_ID_LENGTH
+from airflow_resumable.runner.decisions import HOLD_CHANGED, SKIP, VERIFY, decide
+from airflow_resumable.runner.results import BatchResult
+from airflow_resumable.runner.steps import _COMPACT, Step, StepContext, _NotDelivered, canonical_digest
+from airflow_resumable.runner.verify import _ask_receiver
+
+# The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
+log = logging.getLogger(__package__)
+
+MAX_OUTPUT_BYTES = 64 * 1024
+# Items validated and looked up together: one journal query per chunk, not one per step.
+CHUNK_SIZE = 500
+
+
+@dataclass
+class _Prepared:
+    item_id: str
+    item: Mapping[str, Any]
+    digest: str
+
+
+def _is_storable(value: str) -> bool:
+    """True if both journal engines can store ``value`` as text: no NUL, no lone surrogate."""
+    return text_problem(value) is None
+
+
+def _item_id(item: object, id_field: str, position: int) -> str:
+    if not isinstance(item, Mapping):
+        raise InvalidItemError(f"item at position {position} is a {type(item).__name__}, not a mapping")
+    if id_field not in item:
+        raise InvalidItemError(f"item at position {position} has no {id_field!r} field")
+    raw = item[id_field]
+    # bool is an int subclass, but True as an id is a bug, not an id.
+    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+        raise InvalidItemError(
+            f"item at position {position}: {id_field!r} must be a string or an integer, "
+            f"not {type(raw).__name__}"
+        )
+    item_id = str(raw)
+    if not item_id.strip():
+        raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
+    if not _is_storable(item_id):
+        raise InvalidItemError(
+            f"item at position {position}: {id_field!r} contains a NUL character or a lone surrogate; ids "
+            "must be valid Unicode text"
+        )
+    if len(item_id) > MAX_ID_LENGTH:
+        raise InvalidItemError(
+            f"item at position {position}: {id_field!r} is {len(item_id)} characters (at most {MAX_ID_LENGTH})"
+        )
+    return item_id
+
+
+def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRun) -> list[_Prepared]:
+    """Validate a whole chunk before any item of it is touched."""
+    prepared: list[_Prepared] = []
+    ids_here: set[str] = set()
+    for offset, item in enumerate(chunk):
+        item_id = _item_id(item, id_field, first_position + offset)
+        if item_id in ids_here:
+            raise InvalidItemError(f"item {item_id!r} appears twice in this batch; ids must be unique")
+        ids_here.add(item_id)
+        assert isinstance(item, Mapping)
+        try:
+            digest = canonical_digest(item)
+        except RecursionError:
+            raise InvalidItemError(
+                f"item {item_id!r} is nested too deeply to be encoded as JSON; flatten it or pass a reference"
+            ) from None
+        except (TypeError, ValueError) as exc:  # a lone surrogate in a value is a UnicodeEncodeError
+            raise InvalidItemError(
+                f"item {item_id!r} is not JSON-serialisable ({type(exc).__name__}); items must be plain "
+                "JSON data: str, int, float, bool, None, lists and dicts with string keys"
+            ) from None
+        prepared.append(_Prepared(item_id, item, digest))
+    repeated = run.admit([(p.item_id, p.digest) for p in prepared])
+    if repeated:
+        raise InvalidItemError(f"item {repeated[0]!r} appears twice in this batch; ids must be unique")
+    return prepared
+
+
+def _encode_output(value: Any, item_id: str, step: str) -> str:
+    try:
+        text = _COMPACT.encode(value)
+    except (TypeError, ValueError) as exc:
+        raise InvalidStepOutputError(
+            f"step {step!r} of item {item_id!r} returned a value that is not JSON ({type(exc).__name__}); "
+            "return plain JSON data (a receipt string, a dict, ...)"
+        ) from None
+    if len(text.encode("utf-8")) > MAX_OUTPUT_BYTES:
+        raise InvalidStepOutputError(
+            f"step {step!r} of item {item_id!r} returned {len(text.encode('utf-8'))} bytes of output "
+            f"(at most {MAX_OUTPUT_BYTES}); keep large data outside the journal and return a reference"
+        )
+    return text
+
+
+def _receipt_of(value: Any, encoded: str) -> str | None:
+    if value is None:
+        return None
+    # A receipt holding NUL is kept as its JSON text: no journal engine stores NUL in text.
+    return value if isinstance(value, str) and "\x00" not in value else encoded
+
+
+def _chunks(items: Iterable[object]) -> Iterator[list[object]]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, CHUNK_SIZE)):
+        yield chunk
+
+
+@dataclass(frozen=True)
+class _Send:
+    """A side-effect step an item is waiting to have sent; the driver marks, commits and sends it."""
+
+    step: Step
+    item: _Prepared
+    ctx: StepContext
+    # A send verify found not delivered: the row as it was (status, held reason) for the audit row,
+    # which is buffered with the send's IN_FLIGHT mark - a send that never starts leaves no audit row.
+    resent_from: tuple[str, str | None] | None = None
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    value: Any = None
+    error: BaseException | None = None
+
+
+def _call(send: _Send) -> _Outcome:
+    """Run a send's function (in a worker thread when concurrent). Never raises: the driver records."""
+    try:
+        return _Outcome(send.step.fn(send.item.item, send.ctx))
+    except BaseException as exc:  # recorded FAILED (type name only) and re-raised by the driver
+        return _Outcome(error=exc)
+
+
+ItemSteps = Generator[_Send, str, None]
+
+
+class _Batch:
+    """One run of one job: applies :func:`decide` to every step of every item.
+
+    :meth:`steps_of` walks one item's steps. Local steps run right there; at a side-effect step it
+    yields a :class:`_Send` and waits to be handed the send's recorded output. Marking the send
+    IN_FLIGHT, committing that mark and sending are the driver's job, so that a concurrent driver
+    can commit the marks of a whole group with one fsync (:mod:`airflow_resumable.runner.drivers`).
+    """
+
+    def __init__(self, run: JobRun, steps: list[Step], result: BatchResult) -> None:
+        self.run = run
+        self.steps = steps
+        self.result = result
+
+    def steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
+        job_id, result = self.run.job_id, self.result
+        outputs: dict[str, str | None] = {}  # step -> recorded JSON, decoded only if a later step asks
+        for step in self.steps:
+            row = rows.get(step.name)
+            action = decide(row, p.digest, step.side_effect)
+            if action == HOLD_CHANGED:
+                assert row is not None
+                if row.held_reason != HeldReason.INPUT_CHANGED:
+                    self.run.hold(p.item_id, step.name, HeldReason.INPUT_CHANGED, new_digest=p.digest)
+                self._held(p.item_id, step.name, HeldReason.INPUT_CHANGED, row.generation)
+                return
+            if action == SKIP:
+                assert row is not None
+                if row.held_reason == HeldReason.INPUT_CHANGED:
+                    self.run.release_hold(p.item_id, step.name)  # the input went back to the journaled one
+                outputs[step.name] = row.output
+                result.skipped_steps += 1
+                continue
+            ctx = StepContext._from_journal(job_id, p.item_id, step.name, p.digest, outputs,
+                                            0 if row is None else row.generation)
+            if action == VERIFY:
+                receipt = _ask_receiver(step.verify, ctx)
+                if isinstance(receipt, _NotDelivered):
+                    assert row is not None
+                    # The receiver affirms it never got this key: the send is made now, once. The
+                    # audit row commits with the send's IN_FLIGHT mark, before the send (drivers._commit_marks).
+                    log.info("item %s: %s not delivered per the receiver; sending it once", p.item_id, step.name)
+                    resent_from = (row.status.value, row.held_reason.value if row.held_reason else None)
+                    outputs[step.name] = yield _Send(step, p, ctx, resent_from)
+                    result.executed_steps += 1
+                    result.resent_steps += 1
+                    continue
+                if receipt is None:
+                    assert row is not None
+                    if row.held_reason != HeldReason.UNKNOWN_OUTCOME:
+                        self.run.hold(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
+                    self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME, ctx.generation)
+                    return  # never send: the receiver may already have it
+                encoded = json.dumps(receipt)
+                self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
+                                        receipt=receipt, verified=True)
+                outputs[step.name] = encoded
+                result.skipped_steps += 1
+                result.verified_steps += 1
+                log.info("item %s: %s verified by the receiver, not sent again", p.item_id, step.name)
+                continue
+            if step.side_effect:
+                if row is not None:  # FAILED before anything was sent (NotSentError, not_delivered)
+                    log.info("item %s: %s was not sent; sending it", p.item_id, step.name)
+                outputs[step.name] = yield _Send(step, p, ctx)
+            else:
+                outputs[step.name] = self._run_local(step, p, ctx)
+            result.executed_steps += 1
+        result.items_completed += 1
+
+    def _run_local(self, step: Step, p: _Prepared, ctx: StepContext) -> str:
+        try:
+            encoded = _encode_output(step.fn(p.item, ctx), p.item_id, step.name)
+        except BaseException as exc:
+            self._failed(step, p, exc)
+            raise
+        self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=False, output=encoded, receipt=None)
+        return encoded
+
+    def record_send(self, send: _Send, outcome: _Outcome) -> str:
+        """Record a finished send; raise its error (after recording FAILED) if it had one."""
+        p, step = send.item, send.step
+        error = outcome.error
+        if error is None:
+            try:
+                encoded = _encode_output(outcome.value, p.item_id, step.name)
+            except InvalidStepOutputError as exc:
+                error = exc
+        if error is not None:
+            self._failed(step, p, error)
+            raise error
+        # The receipt goes to the job's receipt log at once (committed with the next commit point):
+        # a crash in the next step must not turn a delivered send back into an unknown outcome.
+        self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
+                                receipt=_receipt_of(outcome.value, encoded), log_receipt=True)
+        return encoded
+
+    def _failed(self, step: Step, p: _Prepared, exc: BaseException) -> None:
+        # Type name only: messages can carry tokens, addresses and payloads.
+        not_sent = isinstance(exc, NotSentError)
+        self.run.mark_failed(p.item_id, step.name, p.digest, side_effect=step.side_effect,
+                             error_type=type(exc).__name__, not_sent=not_sent)
+        log.warning("item %s: step %s failed with %s%s", p.item_id, step.name, type(exc).__name__,
+                    " (nothing was sent: the next run sends it)" if not_sent and step.side_effect else "")
+
+    def _held(self, item_id: str, step: str, reason: HeldReason, generation: int) -> None:
+        self.result.held.append(HeldStep(self.run.job_id, item_id, step, reason, generation))
+        log.warning("item %s: %s held (%s)", item_id, step, reason.value)

@@ -1,0 +1,153 @@
+"""What a batch is made of: the :class:`Step`, the :class:`StepContext` its function is handed,
+:data:`NOT_DELIVERED`, and the item digest and idempotency key the journal knows a step by."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+class StepContext:
+    """What a step function (and a verify function) is told about the step it is running.
+
+    ``job_id``, ``item_id``, ``step``, ``digest``, ``generation`` (of the key: 0 unless a
+    ``use_new_input`` resolution moved the item on), ``idempotency_key`` and ``outputs`` (the recorded
+    outputs of the item's earlier steps, by step name). The key and the decoded outputs are worked
+    out on first use: most local steps never look at them, and a batch can have millions of steps.
+    """
+
+    __slots__ = ("job_id", "item_id", "step", "digest", "generation", "_key", "_outputs", "_raw_outputs")
+
+    def __init__(
+        self, job_id: str, item_id: str, step: str, digest: str, idempotency_key: str | None = None,
+        outputs: Mapping[str, Any] | None = None, generation: int = 0,
+    ) -> None:
+        self.job_id, self.item_id, self.step, self.digest = job_id, item_id, step, digest
+        self.generation = generation
+        self._key = idempotency_key
+        self._outputs = outputs
+        self._raw_outputs: dict[str, str | None] = {}
+
+    @classmethod
+    def _from_journal(cls, job_id: str, item_id: str, step: str, digest: str,
+                      raw_outputs: dict[str, str | None], generation: int = 0) -> StepContext:
+        ctx = cls(job_id, item_id, step, digest, generation=generation)
+        ctx._raw_outputs = dict(raw_outputs)  # a snapshot: later steps' outputs are not this step's
+        return ctx
+
+    @property
+    def idempotency_key(self) -> str:
+        if self._key is None:
+            self._key = idempotency_key(self.job_id, self.item_id, self.step, self.generation)
+        return self._key
+
+    @property
+    def outputs(self) -> Mapping[str, Any]:
+        if self._outputs is None:
+            self._outputs = {name: None if raw is None else json.loads(raw) for name, raw in self._raw_outputs.items()}
+        return self._outputs
+
+    def __repr__(self) -> str:
+        return f"StepContext(job_id={self.job_id!r}, item_id={self.item_id!r}, step={self.step!r})"
+
+
+class _NotDelivered:
+    """The type of :data:`NOT_DELIVERED` (one instance)."""
+
+    # Pickled by name, as airflow_resumable.runner.NOT_DELIVERED - the path every release has had - so
+    # a pickle one release makes loads in another.
+    __module__ = "airflow_resumable.runner"
+
+    _instance: _NotDelivered | None = None
+
+    def __new__(cls) -> _NotDelivered:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_DELIVERED"
+
+    def __reduce__(self) -> str:
+        return "NOT_DELIVERED"
+
+
+NOT_DELIVERED = _NotDelivered()
+"""What ``verify`` returns when the receiver *affirms* it has no record of ``ctx.idempotency_key``
+(not merely "cannot tell"): the send is made now, once, and the settlement is audited (resolved_by
+``verify``). Return it only if the receiver's look-up is authoritative: one that records
+asynchronously may not know yet of a send it already has."""
+
+StepFn = Callable[[Mapping[str, Any], StepContext], Any]
+VerifyFn = Callable[[StepContext], "str | _NotDelivered | None"]
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of every item.
+
+    :param name: the step's name in the journal (stable across runs).
+    :param fn: ``fn(item, ctx)``; its JSON-serialisable return value is recorded (for a side effect:
+        its receipt).
+    :param side_effect: True when the step reaches outside (sends, pays, mails). Such a step found
+        ``IN_FLIGHT`` or ``FAILED`` is never re-run blindly: it is verified or held.
+    :param verify: ``verify(ctx)`` returns the receiver's receipt for ``ctx.idempotency_key`` if it
+        has one (never sent again), :data:`NOT_DELIVERED` if the receiver affirms it has no record of
+        it (sent now, once), else None: cannot tell (held for a human). Side-effect steps only.
+    """
+
+    name: str
+    fn: StepFn
+    side_effect: bool = False
+    verify: VerifyFn | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name.strip():
+            raise ValueError("a Step needs a non-empty name")
+        if "\x00" in self.name:
+            raise ValueError(f"step name {self.name!r} contains a NUL character")
+        if not callable(self.fn):
+            raise ValueError(f"step {self.name!r}: fn must be callable")
+        if self.verify is not None and not self.side_effect:
+            raise ValueError(f"step {self.name!r}: verify only makes sense for a side_effect step")
+        if self.verify is not None and not callable(self.verify):
+            raise ValueError(f"step {self.name!r}: verify must be callable")
+
+
+def _check_steps(steps: Iterable[Step]) -> list[Step]:
+    """The batch's steps as a list, or ValueError: none at all, a non-Step, a name used twice."""
+    checked = list(steps)
+    if not checked:
+        raise ValueError("run_batch needs at least one Step")
+    names: set[str] = set()
+    for step in checked:
+        if not isinstance(step, Step):
+            raise ValueError(f"steps must be Step objects, got {type(step).__name__}")
+        if step.name in names:
+            raise ValueError(f"step name {step.name!r} is used twice; step names must be unique")
+        names.add(step.name)
+    return checked
+
+
+# One encoder each instead of json.dumps(**options): with options, dumps builds a new encoder on
+# every call, which costs as much as the encoding itself when a million items are resumed.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def canonical_digest(item: Mapping[str, Any]) -> str:
+    """SHA-256 of the item's canonical JSON (sorted keys, no whitespace)."""
+    return hashlib.sha256(_CANONICAL.encode(item).encode("utf-8")).hexdigest()
+
+
+def idempotency_key(job_id: str, item_id: str, step: str, generation: int = 0) -> str:
+    """A key deterministic in (job_id, item_id, step, generation), distinct across them, safe in an
+    HTTP header. Generation 0 is the key of earlier releases (which had no generations)."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be an integer >= 0, not {generation!r}")
+    parts: list[object] = [job_id, item_id, step] if generation == 0 else [job_id, item_id, step, generation]
+    material = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return "rsm1-" + hashlib.sha256(material.encode("utf-8")).hexdigest()

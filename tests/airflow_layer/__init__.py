@@ -1,0 +1,1 @@
+"""The operators, sensor, review task, metrics and link inside real Airflow."""

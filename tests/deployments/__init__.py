@@ -1,0 +1,1 @@
+"""Whole deployments and deliverables: CeleryExecutor, docker-compose, the distribution, the demo, the benchmarks."""

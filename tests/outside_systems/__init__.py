@@ -1,0 +1,1 @@
+"""The ready-made receivers (airflow_resumable.receivers) against real servers: HTTP and e-mail."""
