@@ -21,7 +21,6 @@ from airflow_resumable.cli.paging import each, listing, say_more
 from airflow_resumable.decision_input import full_version, is_short_version
 from airflow_resumable.exceptions import JournalError
 from airflow_resumable.journal import DECISIONS_BY_REASON, SCHEMA_VERSION, HeldReason, StepJournal, is_postgres_url, migrate
-from airflow_resumable.runner import idempotency_key as _key
 
 READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
 # What a table shows of a decision just applied (resolve, resolve --file, resolve-input).
@@ -101,7 +100,7 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
             page = listing(functools.partial(journal.held_rows, args.job_id), args)
         else:  # one item's rows are few: its held ones are picked here
             page = listing(functools.partial(journal.rows, args.job_id, args.item, status=args.status), args)
-        rows = [{**asdict(r), "idempotency_key": _key(r.job_id, r.item_id, r.step, r.generation) if r.side_effect else None}
+        rows = [{**asdict(r), "idempotency_key": r.key_to_ask}
                 for r in page
                 if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
         emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
@@ -109,9 +108,7 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         say_more(out, page)
     elif args.command == "held":
         page = listing(functools.partial(journal.held, args.job_id), args)
-        # The key to ask the receiver about; an input_changed hold is not about a send (no key).
-        held = [{**asdict(h), "idempotency_key": _key(h.job_id, h.item_id, h.step, h.generation)
-                 if h.reason == HeldReason.UNKNOWN_OUTCOME else None} for h in page]
+        held = [{**asdict(h), "idempotency_key": h.key_to_ask} for h in page]
         emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "version", "idempotency_key"])
         say_more(out, page)
     elif args.command == "resolve" and args.file:

@@ -11,6 +11,16 @@ from datetime import datetime, timezone
 from typing import Any, Generic, NamedTuple, TypeVar
 
 
+def idempotency_key(job_id: str, item_id: str, step: str, generation: int = 0) -> str:
+    """A key deterministic in (job_id, item_id, step, generation), distinct across them, safe in an
+    HTTP header. Generation 0 is the key of earlier releases (which had no generations)."""
+    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
+        raise ValueError(f"generation must be an integer >= 0, not {generation!r}")
+    parts: list[object] = [job_id, item_id, step] if generation == 0 else [job_id, item_id, step, generation]
+    material = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+    return "rsm1-" + hashlib.sha256(material.encode("utf-8")).hexdigest()
+
+
 class Status(str, enum.Enum):
     IN_FLIGHT = "IN_FLIGHT"
     SUCCEEDED = "SUCCEEDED"
@@ -73,6 +83,12 @@ class StepRecord:
     # Changes whenever the row changes: a decision about this row carries it (expected_version).
     version: str = ""
 
+    @property
+    def key_to_ask(self) -> str | None:
+        """The idempotency key to ask the receiver about this send (its current generation's); None for
+        a local step, which sends nothing."""
+        return idempotency_key(self.job_id, self.item_id, self.step, self.generation) if self.side_effect else None
+
 
 class StepState(NamedTuple):
     """The part of a step's row the runner's decision table reads (``output`` still JSON text)."""
@@ -95,6 +111,14 @@ class HeldStep:
     # The row's version as the journal showed it; None where the runner reports a hold it has just
     # buffered (read the journal's held() for the version to decide on).
     version: str | None = field(default=None, compare=False)
+
+    @property
+    def key_to_ask(self) -> str | None:
+        """The idempotency key to ask the receiver about; None for changed input, which is about the
+        item's data, not about a send."""
+        if self.reason != HeldReason.UNKNOWN_OUTCOME:
+            return None
+        return idempotency_key(self.job_id, self.item_id, self.step, self.generation)
 
 
 # Every JobSummary.status, most urgent first (the order the page's filter offers them).

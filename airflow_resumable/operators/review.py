@@ -43,7 +43,6 @@ from airflow_resumable.journal import (
 )
 from airflow_resumable.journal.records import MAX_NOTE_BYTES, MAX_RECEIPT_BYTES
 from airflow_resumable.operators.resolve import ResolutionRefused
-from airflow_resumable.runner import idempotency_key
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -222,8 +221,8 @@ def review_body(job_id: str, held: list[HeldStep], rows: dict[tuple[str, str], S
             if row.error_type:
                 facts.append(f"last error {_cell(row.error_type)}")
         line = f"{n}. **{_cell(h.item_id)}** / {_cell(h.step)}: {', '.join(facts)}"
-        if h.reason == HeldReason.UNKNOWN_OUTCOME:  # a hard line break (two spaces), then the key
-            line += f"  \n   idempotency key `{idempotency_key(h.job_id, h.item_id, h.step, h.generation)}`"
+        if h.key_to_ask:  # a hard line break (two spaces), then the key
+            line += f"  \n   idempotency key `{h.key_to_ask}`"
         lines.append(line)
     if more:
         lines += ["", f"{more} more held item(s) are not listed: answer these, then Clear this task for the next ones "

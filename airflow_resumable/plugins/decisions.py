@@ -27,7 +27,6 @@ from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH, MAX_PAGE
 from airflow_resumable.plugins.auth import Viewer, ViewerDep
 from airflow_resumable.plugins.journal_access import check_id, id_problem, open_journal, readable_job, row_dict
 from airflow_resumable.plugins.rendering import render_page
-from airflow_resumable.runner import idempotency_key
 
 # "Resolve several" posts the rows given a decision (at most the page's); each becomes an audit row.
 MAX_DECISIONS_PER_REQUEST = 500
@@ -160,6 +159,6 @@ def resolve_page(
     return render_page(
         request, "resolve.html", job_id=job_id, dag_id=job.dag_id, row=row_dict(row),
         decisions=DECISIONS_BY_REASON[row.held_reason],
-        idempotency_key=idempotency_key(job_id, item_id, step, row.generation), resolve_dag_id=RESOLVE_DAG_ID,
+        idempotency_key=row.key_to_ask, resolve_dag_id=RESOLVE_DAG_ID,
         viewer=viewer, may_settle=viewer.may_settle(job),
     )

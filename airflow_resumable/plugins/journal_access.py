@@ -18,7 +18,6 @@ from airflow_resumable.journal import JobSummary, JournalError, Page, PageError,
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
 from airflow_resumable.plugins.auth import Viewer
-from airflow_resumable.runner import idempotency_key
 
 MAX_RESOLUTIONS = 50
 # The filters the pages offer: JobSummary.status (JOB_STATUSES) for jobs, and the row statuses.
@@ -71,9 +70,7 @@ def row_dict(row: StepRecord) -> dict[str, Any]:
         "attempts": row.attempts,
         "error_type": row.error_type,
         "receipt": row.receipt,
-        # What to ask the receiver about (side-effect steps only): the key of the row's generation, which
-        # stays 0 unless a use_new_input resolution moved the send on to a new key.
-        "idempotency_key": idempotency_key(row.job_id, row.item_id, row.step, row.generation) if row.side_effect else None,
+        "idempotency_key": row.key_to_ask,  # what to ask the receiver about (side-effect steps only)
         "generation": row.generation,
         "not_sent": row.not_sent,  # a FAILED send that provably never left: the next run sends it
         "updated_at": row.updated_at.isoformat(),

@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_resumable.journal.records import idempotency_key as idempotency_key
+
 
 class StepContext:
     """What a step function (and a verify function) is told about the step it is running.
@@ -141,13 +143,3 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan
 def canonical_digest(item: Mapping[str, Any]) -> str:
     """SHA-256 of the item's canonical JSON (sorted keys, no whitespace)."""
     return hashlib.sha256(_CANONICAL.encode(item).encode("utf-8")).hexdigest()
-
-
-def idempotency_key(job_id: str, item_id: str, step: str, generation: int = 0) -> str:
-    """A key deterministic in (job_id, item_id, step, generation), distinct across them, safe in an
-    HTTP header. Generation 0 is the key of earlier releases (which had no generations)."""
-    if isinstance(generation, bool) or not isinstance(generation, int) or generation < 0:
-        raise ValueError(f"generation must be an integer >= 0, not {generation!r}")
-    parts: list[object] = [job_id, item_id, step] if generation == 0 else [job_id, item_id, step, generation]
-    material = json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
-    return "rsm1-" + hashlib.sha256(material.encode("utf-8")).hexdigest()

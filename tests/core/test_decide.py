@@ -72,3 +72,23 @@ def test_every_cell_of_the_table_is_covered():
         for state in [None, *(row(s, d) for s in Status for d in (SAME, OTHER))]
     }
     assert outcomes == set(Action)
+
+
+def test_the_key_a_person_asks_the_receiver_about_is_the_sends_key_of_its_generation():
+    from datetime import datetime, timezone
+
+    from airflow_resumable.journal import HeldStep, StepRecord
+    from airflow_resumable.runner import idempotency_key
+
+    now = datetime.now(timezone.utc)
+
+    def record(side_effect: bool, generation: int) -> StepRecord:
+        return StepRecord("job", "i1", "notify", side_effect, Status.FAILED, SAME, None, None, "TimeoutError",
+                          HeldReason.UNKNOWN_OUTCOME, None, 1, now, now, generation=generation)
+
+    assert record(True, 0).key_to_ask == idempotency_key("job", "i1", "notify")
+    assert record(True, 2).key_to_ask == idempotency_key("job", "i1", "notify", 2) != record(True, 0).key_to_ask
+    assert record(False, 0).key_to_ask is None  # a local step sends nothing
+    assert HeldStep("job", "i1", "notify", HeldReason.UNKNOWN_OUTCOME, 1).key_to_ask == idempotency_key(
+        "job", "i1", "notify", 1)
+    assert HeldStep("job", "i1", "notify", HeldReason.INPUT_CHANGED).key_to_ask is None  # about the data
