@@ -302,10 +302,11 @@ class SmtpReceiver:
             self._expect(stage, client.docmd("DATA"), (354,))
             stage = "the body"
             client.send(data)
-            assert client.sock is not None
             # The marker in a write of its own. If this sendall raises, the marker was not completely
             # written, so the server cannot have ended the DATA: still nothing delivered.
             stage = "the end-of-data marker"
+            if client.sock is None:  # the session was closed under us: no marker can have gone out
+                raise smtplib.SMTPServerDisconnected("the connection is closed")
             client.sock.sendall(b".\r\n")
         except MailNotSent:
             raise
