@@ -28,8 +28,9 @@ from benchmarks import report
 
 REPO = Path(__file__).resolve().parents[1]
 
-SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency",
-            "peer_postgres", "concurrency_postgres", "scaleout_postgres", "journal_size", "journal_size_postgres")
+SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency", "journal_cost",
+            "peer_postgres", "concurrency_postgres", "journal_cost_postgres", "scaleout_postgres", "journal_size",
+            "journal_size_postgres")
 
 # The journal-size sections' sizes (benchmarks.journal_size). jobs_small is above the pages' 100, so
 # both journals fill every page and the ratios are about the journal, not about what a page shows.
@@ -48,8 +49,11 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "memory": {"n": 1_000_000},
         "peer": {"n": 200, "reps": 3},  # DBOS takes milliseconds per step
         "concurrency": {"n": 10_000, "serial_n": 2_000},
+        # The same sends with and without the journal, at concurrency 16 and 64 (4 ms) and 64 (50 ms).
+        "journal_cost": {"n": 10_000, "reps": 2},
         "peer_postgres": {"n": 200, "reps": 3},
         "concurrency_postgres": {"n": 10_000, "serial_n": 2_000},
+        "journal_cost_postgres": {"n": 10_000, "reps": 2},
         # n items per runner process; 1 runner, then 8 at once, 3 times (the median repetition is reported).
         "scaleout_postgres": {"n": 1_000, "processes": 8, "reps": 3},
         # A journal of n_big items (3 steps each) vs one of n_small, filled in SQL; the prune
@@ -64,8 +68,10 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "memory": {"n": 20_000},
         "peer": {"n": 30, "reps": 1},
         "concurrency": {"n": 500, "serial_n": 200},
+        "journal_cost": {"n": 500, "reps": 1},
         "peer_postgres": {"n": 30, "reps": 1},
         "concurrency_postgres": {"n": 500, "serial_n": 200},
+        "journal_cost_postgres": {"n": 500, "reps": 1},
         "scaleout_postgres": {"n": 100, "processes": 8, "reps": 1},
         "journal_size": JOURNAL_SIZE_QUICK,
         "journal_size_postgres": JOURNAL_SIZE_QUICK,
@@ -98,6 +104,12 @@ def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
         from benchmarks import concurrency
 
         return concurrency.measure(params["n"], serial_n=params["serial_n"])
+    if name in ("journal_cost", "journal_cost_postgres"):
+        from benchmarks import journal_cost
+
+        if name.endswith("_postgres"):
+            return journal_cost.measure_postgres(params["n"], params["reps"])
+        return journal_cost.measure(params["n"], reps=params["reps"])
     if name == "peer_postgres":
         from benchmarks import peer_dbos
 
@@ -177,7 +189,7 @@ def _print_section(name: str, result: dict[str, Any]) -> None:
         print(f"{name}: ERROR: {result['error']}")
     elif name == "article":
         print(report.article_table(result))
-    elif name.startswith("journal_size"):
+    elif name.startswith(("journal_size", "journal_cost")):
         print(f"{name}: {json.dumps(_rounded(result))}")
     else:
         shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}

@@ -58,7 +58,8 @@ class _Receiver:
     requests/s. An event loop keeps the receiver's share small, so the figure is the runner's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, reply_seconds: float = REPLY_SECONDS) -> None:
+        self.reply_seconds = reply_seconds
         self.requests_by_key: Counter[str] = Counter()
 
     async def connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -70,7 +71,7 @@ class _Receiver:
                 await reader.readexactly(int(headers.get("content-length") or 0))
                 if head[0].startswith("POST "):
                     key = headers.get("idempotency-key", "")
-                    await asyncio.sleep(REPLY_SECONDS)  # the receiver's work; other requests go on meanwhile
+                    await asyncio.sleep(self.reply_seconds)  # the receiver's work; other requests go on meanwhile
                     self.requests_by_key[key] += 1
                     payload: dict[str, Any] = {"receipt": f"rcpt-{key[-12:]}-{self.requests_by_key[key]}"}
                 else:
@@ -87,21 +88,25 @@ class _Receiver:
             writer.close()
 
 
-async def _serve() -> None:
-    receiver = _Receiver()
+async def _serve(reply_seconds: float) -> None:
+    receiver = _Receiver(reply_seconds)
     server = await asyncio.start_server(receiver.connection, "127.0.0.1", 0, backlog=128)
     print(server.sockets[0].getsockname()[1], flush=True)
     await server.serve_forever()
 
 
-def serve() -> None:
+def serve(reply_seconds: float = REPLY_SECONDS) -> None:
     """Run the receiver until terminated; the first line on stdout is its port."""
-    asyncio.run(_serve())
+    asyncio.run(_serve(reply_seconds))
 
 
 class _ReceiverProcess:
+    def __init__(self, reply_seconds: float = REPLY_SECONDS) -> None:
+        self.reply_seconds = reply_seconds
+
     def __enter__(self) -> _ReceiverProcess:
-        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.concurrency", "--serve"],
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.concurrency", "--serve",
+                                      "--reply-ms", repr(self.reply_seconds * 1e3)],
                                      stdout=subprocess.PIPE, text=True, cwd=REPO)
         assert self.proc.stdout is not None
         self.port = int(self.proc.stdout.readline())
@@ -232,7 +237,7 @@ def measure_postgres(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="the 4 ms HTTP receiver of the concurrency benchmark")
+    parser = argparse.ArgumentParser(description="the HTTP receiver of the concurrency benchmark")
     parser.add_argument("--serve", action="store_true", required=True)
-    parser.parse_args()
-    serve()
+    parser.add_argument("--reply-ms", type=float, default=REPLY_SECONDS * 1e3, help="answer each POST this late")
+    serve(parser.parse_args().reply_ms / 1e3)

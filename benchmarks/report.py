@@ -116,7 +116,37 @@ def rows(sections: dict[str, Any]) -> list[Row]:
     else:
         out.append(_missing("throughput, 4 ms receiver, concurrency=16 vs 1", ">=", 10, c))
         out.append(_missing("fsyncs per item at concurrency=16", "<=", 0.25, c))
+    out += journal_cost_rows(sections.get("journal_cost"))
     return out + _postgres_rows(sections) + journal_size_rows(sections)
+
+
+# The journal-cost sections' settings (concurrency, reply ms) and targets, as benchmarks.journal_cost has them.
+JOURNAL_COST_TARGETS = {(16, 4.0): 0.9, (64, 4.0): 0.9, (64, 50.0): 0.97}
+
+
+def journal_cost_rows(section: dict[str, Any] | None, on: str = "") -> list[Row]:
+    """With / without the journal for each setting, the journal thread's profile, duplicates."""
+    out: list[Row] = []
+    settings = (section or {}).get("settings")
+    for (concurrency, reply_ms), limit in JOURNAL_COST_TARGETS.items():
+        figure = f"journal cost{on}: with / without it, concurrency={concurrency}, {reply_ms:g} ms receiver (FULL)"
+        s = (settings or {}).get(f"{concurrency}@{reply_ms:g}ms")
+        if s is None:
+            out.append(_missing(figure, ">=", limit, section))
+            continue
+        out.append(Row(f"{figure} ({s['items']:,} items)", f"{s['with_items_per_second']:,.0f} items/s",
+                       f"without {s['without_items_per_second']:,.0f} items/s", s["ratio"], ">=", s["target"],
+                       f"{s['ratio']:.2f}"))
+    if settings:
+        p = section["profile"] if section else None
+        if p:
+            busiest = ", ".join(f"{f['function']} {f['share']:.0%}" for f in p["busiest"][:3])
+            out.append(Row(f"journal thread{on} at concurrency={p['setting']}: time spent waiting for sends",
+                           f"{p['waiting_for_sends_share']:.0%}", f"busiest: {busiest}", p["waiting_for_sends_share"],
+                           "", 0, f"{p['waiting_for_sends_share']:.2f}"))
+        dups = sum(s["duplicate_sends"] for s in settings.values())
+        out.append(Row(f"duplicate sends in the journal-cost runs{on}", str(dups), "", float(dups), "==", 0.0, str(dups)))
+    return out
 
 
 def _pg(section: dict[str, Any]) -> str:
@@ -153,6 +183,8 @@ def _postgres_rows(sections: dict[str, Any]) -> list[Row]:
     else:
         out.append(_missing("throughput on PostgreSQL, 4 ms receiver, concurrency=16 vs 1", ">=", 10, c))
         out.append(_missing("synchronous commits per item on PostgreSQL at concurrency=16", "<=", 0.25, c))
+    cost = sections.get("journal_cost_postgres")
+    out += journal_cost_rows(cost, f" on {_pg(cost)}" if cost and "postgres_version" in cost else " on PostgreSQL")
     s = sections.get("scaleout_postgres")
     if s and "throughput_ratio" in s:
         one, many = s["runs"]["1"], s["runs"][str(s["processes"])]

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_resumable.journal.schema import recount_statement
 from airflow_resumable.runner import Step
-from benchmarks import article_experiment, concurrency, journal_size, peer_dbos, pg, report, scaleout
+from benchmarks import article_experiment, concurrency, journal_cost, journal_size, peer_dbos, pg, report, scaleout
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +70,7 @@ def test_every_section_reports_a_figure_or_says_why_not(quick_results):
     assert all(line.startswith("[") for line in report.text_table(report.rows(sections)).splitlines())
 
 
-POSTGRES_SECTIONS = ("peer_postgres", "concurrency_postgres", "scaleout_postgres")
+POSTGRES_SECTIONS = ("peer_postgres", "concurrency_postgres", "journal_cost_postgres", "scaleout_postgres")
 
 
 def test_the_postgres_sections_run_where_postgres_is_installed(quick_results):
@@ -83,7 +83,7 @@ def test_the_postgres_sections_run_where_postgres_is_installed(quick_results):
     assert not [name for name in POSTGRES_SECTIONS if "skipped" in sections[name] or "error" in sections[name]]
     figures = [t for t in quick_results["targets"]
                if "PostgreSQL" in t["figure"] and not t["figure"].startswith("journal size")]
-    assert len(figures) == 6
+    assert len(figures) == 11
     # Every PostgreSQL figure is measured; only the DBOS comparison may lack its peer (the bench extra).
     assert all(t["result"] in ("PASS", "FAIL", "INFO") or "dbos is not installed" in t["note"] for t in figures)
 
@@ -99,6 +99,21 @@ def test_peer_postgres_runs_both_sides_with_one_synchronous_commit_per_item(quic
         assert set(peer["dbos_us_per_step_by_shape"]) == {"per_item", "per_batch"} and "ratio" in peer
     assert peer["ours_full_durable_commits_per_item"] == 1.0  # each send's IN_FLIGHT mark, nothing else
     assert peer["ours_full_commits_per_item"] >= 1.0
+
+
+@pytest.mark.parametrize("section", ["journal_cost", "journal_cost_postgres"])
+def test_the_journal_cost_runs_both_sides_of_each_setting_and_profiles_the_journal_thread(quick_results, section):
+    c = quick_results["sections"][section]
+    if "skipped" in c:
+        pytest.skip(c["skipped"])
+    assert set(c["settings"]) == {"16@4ms", "64@4ms", "64@50ms"}
+    for name, s in c["settings"].items():
+        assert s["items"] == 200 and s["duplicate_sends"] == 0, name
+        assert len(s["all_seconds"]["without"]) == len(s["all_seconds"]["with"]) == 1, name
+        assert s["ratio"] == pytest.approx(s["with_items_per_second"] / s["without_items_per_second"]), name
+    profile = c["profile"]
+    assert profile["setting"] == "16@4ms" and 0 <= profile["waiting_for_sends_share"] <= 1
+    assert len(profile["busiest"]) == 8 and all(f["calls"] > 0 for f in profile["busiest"])
 
 
 def test_concurrency_postgres_sends_every_item_once(quick_results):
@@ -129,12 +144,13 @@ def test_scaleout_postgres_runs_every_runners_job_to_the_end(quick_results):
 def test_the_postgres_sections_say_why_they_are_skipped_without_postgres(monkeypatch):
     monkeypatch.setattr(pg, "unavailable", lambda: pg.SKIPPED_NO_SERVER)
     sections = {"peer_postgres": peer_dbos.measure_postgres(10), "concurrency_postgres": concurrency.measure_postgres(10),
-                "scaleout_postgres": scaleout.measure(10)}
+                "journal_cost_postgres": journal_cost.measure_postgres(10), "scaleout_postgres": scaleout.measure(10)}
     assert sections["peer_postgres"] == sections["scaleout_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
+    assert sections["journal_cost_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
     if concurrency.supports_concurrency():
         assert sections["concurrency_postgres"] == {"skipped": pg.SKIPPED_NO_SERVER}
     rows = [r for r in report.rows(sections) if "PostgreSQL" in r.figure and not r.figure.startswith("journal size")]
-    assert len(rows) == 4
+    assert len(rows) == 7  # the journal cost's three settings among them
     assert all(r.result == "SKIP" and r.note in (pg.SKIPPED_NO_SERVER, concurrency.NOT_AVAILABLE) for r in rows)
 
 
