@@ -18,7 +18,6 @@ from typing import Any
 from urllib.parse import quote
 
 from airflow_resumable.exceptions import JournalConfigError
-from airflow_resumable.journal.backend import checked_durability
 
 DEFAULT_RELATIVE_PATH = Path("resumable") / "journal.sqlite3"
 SUMMARY_XCOM_KEY = "resumable_summary"
@@ -56,6 +55,10 @@ def default_journal_path() -> Path:
 
 
 def default_durability() -> str:
+    # Imported here, as StepJournal is in open(): the extra link and the page import this module, and
+    # need none of the journal.
+    from airflow_resumable.journal.backend import checked_durability
+
     return checked_durability((_conf_get("durability") or "full").strip().lower(), "[resumable] durability")
 
 
