@@ -165,10 +165,10 @@ def _run(journal: StepJournal, job_id: str, n: int, steps: list[Step], concurren
 
 
 @contextlib.contextmanager
-def _fresh_journal(journal_url: str | None, level: int) -> Iterator[StepJournal]:
-    """A new full-durability journal for one level: a SQLite file, or a schema of its own in ``journal_url``."""
+def fresh_journal(journal_url: str | None, schema: str) -> Iterator[StepJournal]:
+    """A new full-durability journal for one run: a SQLite file, or ``schema`` of its own in ``journal_url``."""
     if journal_url is not None:
-        with StepJournal(journal_url, durability="full", schema=f"concurrency_{level}") as journal:
+        with StepJournal(journal_url, durability="full", schema=schema) as journal:
             yield journal
         return
     with tempfile.TemporaryDirectory() as tmp, StepJournal(Path(tmp) / "j.sqlite3", durability="full") as journal:
@@ -191,7 +191,7 @@ def measure(n: int, levels: tuple[int, ...] = (1, 16), serial_n: int = 2_000,
             steps = [Step("validate", lambda item, ctx: None), Step("transform", lambda item, ctx: None),
                      Step("notify", client.send, side_effect=True)]
             before = receiver.stats()
-            with _fresh_journal(journal_url, level) as journal:
+            with fresh_journal(journal_url, f"concurrency_{level}") as journal:
                 start = time.perf_counter()
                 result = _run(journal, f"concurrency-{level}", level_n, steps, level)
                 seconds = time.perf_counter() - start

@@ -16,20 +16,16 @@ for a commit) rather than working, and its busiest functions.
 
 from __future__ import annotations
 
-import contextlib
 import cProfile
 import pstats
-import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
 from benchmarks import workload
-from benchmarks.concurrency import _Client, _ReceiverProcess
+from benchmarks.concurrency import _Client, _ReceiverProcess, fresh_journal
 
 # (concurrency, the receiver's reply time in ms), each with its target: with / without the journal.
 SETTINGS = ((16, 4.0), (64, 4.0), (64, 50.0))
@@ -68,21 +64,11 @@ def _without_journal(client: _Client, job_id: str, n: int, concurrency: int) -> 
     return seconds
 
 
-@contextlib.contextmanager
-def _journal(journal_url: str | None, schema: str) -> Iterator[StepJournal]:
-    if journal_url is not None:
-        with StepJournal(journal_url, durability="full", schema=schema) as journal:
-            yield journal
-        return
-    with tempfile.TemporaryDirectory() as tmp, StepJournal(Path(tmp) / "j.sqlite3", durability="full") as journal:
-        yield journal
-
-
 def _with_journal(client: _Client, journal_url: str | None, job_id: str, n: int, concurrency: int,
                   profile: cProfile.Profile | None = None) -> float:
     """Seconds for the same items through run_batch on a new full-durability journal."""
     schema = job_id.replace("-", "_").replace("@", "_").replace(".", "_")
-    with _journal(journal_url, schema) as journal:
+    with fresh_journal(journal_url, schema) as journal:
         start = time.perf_counter()
         if profile is not None:
             profile.enable()
@@ -100,12 +86,14 @@ def _with_journal(client: _Client, journal_url: str | None, job_id: str, n: int,
 def _where_the_time_goes(profile: cProfile.Profile, seconds: float) -> dict[str, Any]:
     """The journal thread's profile: its waiting share and busiest functions (own time)."""
     stats = pstats.Stats(profile).stats  # type: ignore[attr-defined]
-    waiting = sum(tottime for (_, _, name), (_, _, tottime, _, _) in stats.items()
-                  if "acquire" in name and "lock" in name)
+    def waiting_for_sends(name: str) -> bool:  # blocked on a lock: concurrent.futures.wait's condition
+        return "acquire" in name and "lock" in name
+
+    waiting = sum(tottime for (_, _, name), (_, _, tottime, _, _) in stats.items() if waiting_for_sends(name))
     busiest = sorted(stats.items(), key=lambda kv: kv[1][2], reverse=True)
     top = []
     for (path, line, name), (_, calls, tottime, _, _) in busiest:
-        if "acquire" in name and "lock" in name:
+        if waiting_for_sends(name):
             continue
         where = f"{Path(path).name}:{line}({name})" if path != "~" else name
         top.append({"function": where, "calls": calls, "seconds": tottime, "share": tottime / seconds})
