@@ -95,7 +95,7 @@ class JournalReads:
     engine: JournalBackend
 
     def has_job(self, job_id: str) -> bool:
-        return bool(self.engine.read(sql.JOB_EXISTS, (job_id,)))
+        return bool(self.engine.read(sql.JOB_EXISTS, (_check_text_arg(job_id, "job_id"),)))
 
     def jobs(
         self, *, limit: int | None = None, cursor: str | None = None, status: str | None = None,
@@ -123,7 +123,7 @@ class JournalReads:
         return Page(summaries, None if last is None else _cursor("jobs", last[1], last[0]))
 
     def job(self, job_id: str) -> JobSummary | None:
-        found = self.engine.read(sql.JOB_SUMMARY, (job_id,))
+        found = self.engine.read(sql.JOB_SUMMARY, (_check_text_arg(job_id, "job_id"),))
         return _summary(found[0]) if found else None
 
     def rows(
@@ -132,9 +132,9 @@ class JournalReads:
     ) -> Page[StepRecord]:
         """The job's step rows (one item's when ``item_id`` is given; only those in ``status``), by item and
         then in the order the item's steps were first written. ``limit``/``cursor`` as for :meth:`jobs`."""
-        query, params = sql.JOB_ROWS, [job_id]
+        query, params = sql.JOB_ROWS, [_check_text_arg(job_id, "job_id")]
         if item_id is not None:
-            query, params = query + sql.ROWS_ITEM, [*params, item_id]
+            query, params = query + sql.ROWS_ITEM, [*params, _check_text_arg(item_id, "item_id")]
         if status is not None:
             if str(status) not in Status.__members__:
                 raise PageError(f"unknown row status {str(status)[:40]!r}; use one of {', '.join(Status.__members__)}")
@@ -167,7 +167,7 @@ class JournalReads:
         """Held rows as ``select`` reads them (job_id, item_id and step first), one page of them."""
         query, params = select.format(held_steps=self.engine.held_steps), []
         if job_id is not None:
-            query, params = query + sql.HELD_JOB, [job_id]
+            query, params = query + sql.HELD_JOB, [_check_text_arg(job_id, "job_id")]
         if cursor is not None:
             after_job, after_item, after_step = _cursor_key(cursor, "held", (str, str, str))
             query += sql.HELD_AFTER
@@ -187,14 +187,14 @@ class JournalReads:
 
     def open_rows(self, job_id: str) -> list[StepRecord]:
         """Held rows plus side-effect rows not yet SUCCEEDED: what keeps a job from being settled."""
-        return [step_record(r) for r in self.engine.read(sql.OPEN_ROWS, (job_id,))]
+        return [step_record(r) for r in self.engine.read(sql.OPEN_ROWS, (_check_text_arg(job_id, "job_id"),))]
 
     def resolutions(
         self, job_id: str, *, limit: int | None = None, cursor: str | None = None, newest_first: bool = False,
     ) -> Page[Resolution]:
         """The append-only audit log of resolutions for a job, oldest first (``newest_first``: the latest
         first). ``limit``/``cursor`` as for :meth:`jobs`."""
-        query, params = sql.RESOLUTIONS, [job_id]
+        query, params = sql.RESOLUTIONS, [_check_text_arg(job_id, "job_id")]
         kind = "resolutions-desc" if newest_first else "resolutions"
         if cursor is not None:
             (after,) = _cursor_key(cursor, kind, (int,))

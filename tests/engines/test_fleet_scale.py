@@ -310,6 +310,10 @@ def paged(read):
     lambda j: j.jobs(limit=True), lambda j: j.jobs(status="done"), lambda j: j.jobs(cursor="garbage!"),
     lambda j: j.held(cursor=j.jobs(limit=1).next_cursor), lambda j: j.rows(JOB, status="HELD"),
     lambda j: j.rows(JOB, cursor="W10"), lambda j: j.jobs(dag_id="a\x00b"), lambda j: j.jobs(dag_id="a\ud800"),
+    # A job or item id no engine could store names nothing: refused in our words, not the driver's.
+    lambda j: j.job("a\ud800"), lambda j: j.rows("a\x00b"), lambda j: j.rows(JOB, "a\ud800"),
+    lambda j: j.held("a\ud800"), lambda j: j.held_rows("a\ud800"), lambda j: j.resolutions("a\ud800"),
+    lambda j: j.has_job("a\ud800"), lambda j: j.open_rows("a\ud800"),
 ])
 def test_a_bad_page_request_is_refused_with_a_short_message(journal_location, call):
     with StepJournal(journal_location) as journal:
