@@ -162,9 +162,10 @@ class JobRun:
             error_type, attempts, now, now, int(not_sent),
         )
 
-    def mark_in_flight(self, item_id: str, step: str, digest: str) -> None:
-        """Buffer the IN_FLIGHT mark of a send; ``flush(durable=True)`` it *before* the send starts."""
-        self._pending.append(self._row(item_id, step, True, Status.IN_FLIGHT, digest, attempts=1))
+    def mark_in_flight(self, item_id: str, step: str, digest: str, *, new_attempt: bool = True) -> None:
+        """Buffer the IN_FLIGHT mark of a send; ``flush(durable=True)`` it *before* the send starts.
+        ``new_attempt=False``: the send was marked before and has not started yet (the mark is renewed)."""
+        self._pending.append(self._row(item_id, step, True, Status.IN_FLIGHT, digest, attempts=int(new_attempt)))
 
     def mark_succeeded(
         self, item_id: str, step: str, digest: str, *, side_effect: bool, output: str,
@@ -213,6 +214,17 @@ class JobRun:
             self._row(item_id, step, side_effect, Status.FAILED, digest, error_type=error_type,
                       attempts=0 if side_effect else 1, not_sent=side_effect and not_sent)
         )
+        self.flush(durable=False)
+
+    def take_back_mark(self, item_id: str, step: str, digest: str, *, created_row: bool, error_type: str) -> None:
+        """A send whose IN_FLIGHT mark was committed never started. If the mark created the row, the
+        row goes (the step is as if never reached); else it becomes FAILED and provably not sent, the
+        attempt its mark counted taken back. Either way the next run sends it, with no verify or human."""
+        if created_row:
+            self._pending.append((sql.TAKE_BACK_MARK, (self.job_id, item_id, step, Status.IN_FLIGHT.value)))
+        else:
+            self._pending.append(self._row(item_id, step, True, Status.FAILED, digest, error_type=error_type,
+                                           attempts=-1, not_sent=True))
         self.flush(durable=False)
 
     def audit(

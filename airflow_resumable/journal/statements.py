@@ -143,6 +143,9 @@ ON CONFLICT (job_id) DO UPDATE SET updated_at = excluded.updated_at,
 JOB_UNFINISHED = "UPDATE jobs SET finished_at = NULL WHERE job_id = ?"
 JOB_FINISHED = "UPDATE jobs SET finished_at = ? WHERE job_id = ?"
 
+# A send whose IN_FLIGHT mark created its row never started: the row goes, as if it had never been marked.
+TAKE_BACK_MARK = "DELETE FROM steps WHERE job_id = ? AND item_id = ? AND step = ? AND status = ?"
+
 JOB_PRUNED_AT = "SELECT pruned_at FROM jobs WHERE job_id = ?"
 JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
 JOB_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? LIMIT 1"

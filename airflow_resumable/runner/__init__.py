@@ -133,8 +133,8 @@ def run_batch(
                 report_if_due()
             driver.finish()
             run.finished()  # the whole batch was gone through: the job is no longer unfinished
-        except BaseException:
-            driver.abort()
+        except BaseException as exc:
+            driver.abort(exc)
             if on_progress is not None:
                 # How far this run got, for the task log and metrics; the original error still wins.
                 try:

@@ -138,12 +138,21 @@ class _Send:
     # A send verify found not delivered: the row as it was (status, held reason) for the audit row,
     # which is buffered with the send's IN_FLIGHT mark - a send that never starts leaves no audit row.
     resent_from: tuple[str, str | None] | None = None
+    # Whether the step had no row before this send's IN_FLIGHT mark (the mark creates it).
+    new_row: bool = False
+    # Marked before, but it waited too long for a thread and was queued again: its next mark only
+    # renews the commit (no second attempt counted, no second audit row).
+    marked_before: bool = False
 
 
 @dataclass(frozen=True)
 class _Outcome:
     value: Any = None
     error: BaseException | None = None
+    # Why a send that was marked and queued never started: the run was stopped ("stopped"), another
+    # send raised ("halted"), or it waited longer than the drivers' MAX_QUEUE_WAIT for a thread
+    # ("waited too long").
+    not_started: str | None = None
 
 
 def _call(send: _Send) -> _Outcome:
@@ -221,7 +230,7 @@ class _Batch:
             if step.side_effect:
                 if row is not None:  # FAILED before anything was sent (NotSentError, not_delivered)
                     log.info("item %s: %s was not sent; sending it", p.item_id, step.name)
-                outputs[step.name] = yield _Send(step, p, ctx)
+                outputs[step.name] = yield _Send(step, p, ctx, new_row=row is None)
             else:
                 outputs[step.name] = self._run_local(step, p, ctx)
             result.executed_steps += 1
@@ -253,6 +262,14 @@ class _Batch:
         self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
                                 receipt=_receipt_of(outcome.value, encoded), log_receipt=True)
         return encoded
+
+    def record_not_started(self, send: _Send, cause: type[BaseException]) -> None:
+        """A send was marked IN_FLIGHT but never started (the run failed or stopped while it was queued):
+        its mark is taken back, so the next run sends it with no verify and no human."""
+        p, step = send.item, send.step
+        self.run.take_back_mark(p.item_id, step.name, p.digest, created_row=send.new_row, error_type=cause.__name__)
+        log.info("item %s: %s was queued but never started (%s); the next run sends it", p.item_id, step.name,
+                 cause.__name__)
 
     def _failed(self, step: Step, p: _Prepared, exc: BaseException) -> None:
         # Type name only: messages can carry tokens, addresses and payloads.

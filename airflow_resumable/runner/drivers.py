@@ -8,10 +8,13 @@ user code runs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import queue
 import threading
+import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from airflow_resumable.exceptions import BatchStopped
 from airflow_resumable.journal import JobRun, StepState
@@ -22,15 +25,21 @@ from airflow_resumable.runner.verify import VERIFY_RESOLVER
 log = logging.getLogger(__package__)
 
 
+# The longest a marked send waits in the queue for a thread before it starts. Past that its mark is
+# committed again first: a runner cut off from a shared journal loses its claim only seconds after its
+# last commit, so a send never starts after another runner may have taken the job over.
+MAX_QUEUE_WAIT = 1.0
+
+
 def _commit_marks(run: JobRun, sends: Iterable[_Send]) -> None:
     """Mark these sends IN_FLIGHT and commit the marks (with everything buffered) in one durable
     flush - one fsync under full durability. Call it before any of them starts."""
     for send in sends:
-        if send.resent_from is not None:
+        if send.resent_from is not None and not send.marked_before:
             run.audit(send.item.item_id, send.step.name, "not_delivered", resolved_by=VERIFY_RESOLVER,
                       note="the receiver's look-up has no record of this key; sent again once",
                       previous_status=send.resent_from[0], previous_held_reason=send.resent_from[1])
-        run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest)
+        run.mark_in_flight(send.item.item_id, send.step.name, send.item.digest, new_attempt=not send.marked_before)
     run.flush(durable=True)
 
 
@@ -45,8 +54,7 @@ def _advance(gen: ItemSteps, value: str | None) -> _Send | None:
 def _check_stop(stop: threading.Event | None) -> None:
     """Raise :class:`BatchStopped` if the run was asked to stop: called before any send starts."""
     if stop is not None and stop.is_set():
-        raise BatchStopped("stopped on request: no new send was started; the sends in flight were recorded "
-                           "as they finished. The job is unfinished: a retry or a Clear resumes it.")
+        raise _stopped()
 
 
 class _Sequential:
@@ -75,27 +83,37 @@ class _Sequential:
     def finish(self) -> None:
         pass
 
-    def abort(self) -> None:
+    def abort(self, cause: BaseException) -> None:
         pass
 
 
 class _Concurrent:
-    """Up to ``n`` sends in flight on worker threads; the journal is written by this thread only.
+    """Up to ``n`` sends at once on worker threads; the journal is written by this thread only.
 
-    Sends are started in groups: the IN_FLIGHT marks of a group are committed together, with one
-    fsync (or one synchronous commit) under full durability, before any send of the group starts
-    (group commit). A group is started once at least ``n // 4`` sends are ready and there is room
-    for them (or nothing else is in flight), so a full pipeline costs at most one durable commit
-    per four sends. While the pipeline is full, up to ``n // 2`` items are prepared ahead (their
-    local steps run); once that many are ready, this thread waits for sends to finish and starts
-    the next group as soon as it fits - with no user code in between, so the receipts of the sends
-    that finished meanwhile ride with that group's commit instead of a commit of their own. Local
-    steps run on this thread, between sends; receipts are always committed (or, with a receipt
-    log, logged) before any of them runs.
+    Sends are marked IN_FLIGHT in groups: the marks of a group are committed together, with one
+    fsync (or one synchronous commit) under full durability, and only then are its sends handed to
+    the worker threads (group commit). So that a thread that finishes a send never waits for this
+    thread to commit the next mark, up to ``ahead`` (a quarter of ``n``) sends more than there are
+    threads are marked and queued: a free thread takes the next one at once. A queued send does not
+    start once the run was stopped or another send raised, and a run that fails or stops takes back
+    the marks of the queued sends that never started (so the next run sends them with no human);
+    only a SIGKILL can leave them IN_FLIGHT, as it leaves the sends in progress - at most
+    ``n + ahead``.
+
+    While every thread is busy, this thread waits until a quarter of ``n`` places are free, prepares
+    items until their sends fill the free places (at most half of ``n``) and commits them as one
+    group: the longer a commit takes, the more sends end meanwhile and the larger the next group, and
+    a busy pipeline never costs more than one durable commit per quarter of ``n`` sends. A thread
+    left idle (the queue ran dry) gets what is ready as soon as that is a quarter of ``n``; a run
+    with nothing in flight starts at once.
+    Finished sends are recorded as soon as this thread is between items: their receipts ride with
+    the next group's commit (or, with a receipt log, are logged) before any more user code runs.
+    Local steps run on this thread, between sends.
     """
 
     def __init__(self, batch: _Batch, n: int, stop: threading.Event | None = None) -> None:
         self.batch, self.n, self.stop = batch, n, stop
+        self.ahead = max(1, n // 4)
         self.min_group = max(1, n // 4)
         self.max_ready = max(self.min_group, n // 2)
         # A send of the last step finishes its item: recording it runs no user code afterwards.
@@ -103,6 +121,10 @@ class _Concurrent:
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="resumable-send")
         self.ready: list[tuple[ItemSteps, _Send]] = []
         self.in_flight: dict[Future[_Outcome], tuple[ItemSteps, _Send]] = {}
+        self.finished: queue.SimpleQueue[Future[_Outcome]] = queue.SimpleQueue()
+        # Set once a send raised (or the run is aborting): no queued send starts after that.
+        self.halted = threading.Event()
+        self.halted_by: BaseException | None = None
 
     def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
         self.batch.run.write_receipts()  # the item's own steps are user code
@@ -111,24 +133,33 @@ class _Concurrent:
         if send is not None:
             self.ready.append((gen, send))
         while True:
-            room = self.n - len(self.in_flight)
-            if self.ready and room >= min(len(self.ready), self.min_group) and (
-                len(self.ready) >= self.min_group or not self.in_flight
-            ):
+            self._record_finished(wait=False)
+            room = self.n + self.ahead - len(self.in_flight)
+            if self.ready and room > 0 and self._group_is_due(room):
                 self._dispatch(room)
             elif len(self.ready) >= self.max_ready:
-                self._collect(defer_receipts=True)  # the next thing this thread does is a dispatch
+                self._record_finished(wait=True)  # nothing more to prepare: wait for a send to end
             else:
+                self.batch.run.write_receipts()  # this thread goes back to the caller's code
                 return
+
+    def _group_is_due(self, room: int) -> bool:
+        """Whether to commit the ready sends' marks now, or prepare more items first to share the commit."""
+        if not self.in_flight:
+            return True  # nothing is being sent: start at once
+        if len(self.in_flight) < self.n:
+            return len(self.ready) >= self.min_group  # a thread is idle: the queue ran dry
+        return room >= self.min_group and len(self.ready) >= min(room, self.max_ready)
 
     def finish(self) -> None:
         try:
             while self.ready or self.in_flight:
-                room = self.n - len(self.in_flight)
+                self._record_finished(wait=False)
+                room = self.n + self.ahead - len(self.in_flight)
                 if self.ready and room > 0:
                     self._dispatch(room)
-                else:
-                    self._collect()
+                elif self.in_flight:
+                    self._record_finished(wait=True)
         finally:
             self.pool.shutdown(wait=True)
 
@@ -136,52 +167,103 @@ class _Concurrent:
         _check_stop(self.stop)  # abort() then closes what is ready and records what is in flight
         group, self.ready = self.ready[:room], self.ready[room:]
         _commit_marks(self.batch.run, [send for _, send in group])  # the group shares one commit
+        committed = time.monotonic()
         for gen, send in group:
-            self.in_flight[self.pool.submit(_call, send)] = (gen, send)
+            future = self.pool.submit(self._send_if_still_due, send, committed)
+            self.in_flight[future] = (gen, send)
+            future.add_done_callback(self.finished.put)
 
-    def _collect(self, *, defer_receipts: bool = False) -> None:
-        done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
-        finished: list[tuple[ItemSteps, str]] = []
+    def _send_if_still_due(self, send: _Send, committed: float) -> _Outcome:
+        """On a worker thread: a send queued before a stop, or before another send raised, never starts
+        after it, nor long after its mark was committed (a shared journal's claim may have passed to
+        another runner by then)."""
+        if self.stop is not None and self.stop.is_set():
+            return _Outcome(not_started="stopped")
+        if self.halted.is_set():
+            return _Outcome(not_started="halted", error=self.halted_by)
+        if time.monotonic() - committed > MAX_QUEUE_WAIT:
+            return _Outcome(not_started="waited too long")
+        outcome = _call(send)
+        if outcome.error is not None:
+            self.halted_by = self.halted_by or outcome.error
+            self.halted.set()  # the batch fails with this error: the sends queued behind it stay unsent
+        return outcome
+
+    def _record_finished(self, *, wait: bool) -> None:
+        """Record the sends that finished (``wait``: at least one, waiting for it) and run their items on."""
+        done: list[Future[_Outcome]] = []
+        if wait:
+            done.append(self.finished.get())
+        while not self.finished.empty():
+            done.append(self.finished.get_nowait())
+        if not done:
+            return
+        finished: list[tuple[ItemSteps, _Send, str]] = []
         error: BaseException | None = None
         for future in done:
             gen, send = self.in_flight.pop(future)
+            outcome = future.result()
+            if outcome.not_started == "waited too long":
+                log.info("item %s: %s waited over %g s for a thread; its mark is renewed before it starts",
+                         send.item.item_id, send.step.name, MAX_QUEUE_WAIT)
+                self.ready.insert(0, (gen, dataclasses.replace(send, marked_before=True)))
+                continue
+            if outcome.not_started is not None:
+                gen.close()
+                cause = outcome.error or _stopped()  # "halted" carries the error that halted the sends
+                self.batch.record_not_started(send, type(cause))
+                error = error or cause
+                continue
             try:
-                finished.append((gen, self.batch.record_send(send, future.result())))
+                finished.append((gen, send, self.batch.record_send(send, outcome)))
             except BaseException as exc:  # recorded FAILED; the others of this round still count
                 gen.close()
                 error = error or exc
-            if send.step.name != self.last_step:
-                defer_receipts = False  # its item goes on with more steps: user code
-        if error is not None or not defer_receipts:
+        if error is not None or any(send.step.name != self.last_step for _, send, _ in finished):
             self.batch.run.write_receipts()  # one write (or commit) for the round, before any user code
+        for gen, send, encoded in finished:
+            if error is None or send.step.name == self.last_step:
+                # Its item goes on (an item whose last step this was completes, running no user code).
+                following = _advance(gen, encoded)
+                if following is not None:
+                    self.ready.append((gen, following))
+            else:
+                gen.close()  # its later steps wait for the next run
         if error is not None:
-            for gen, _ in finished:
-                gen.close()
             raise error
-        for gen, encoded in finished:
-            following = _advance(gen, encoded)
-            if following is not None:
-                self.ready.append((gen, following))
 
-    def abort(self) -> None:
-        """Something raised: start nothing more, but record every send already started."""
+    def abort(self, cause: BaseException) -> None:
+        """Something raised: start nothing more, but record every send already started, and take back
+        the marks of those that never started."""
+        self.halted.set()  # no queued send starts from now on
         for gen, _ in self.ready:
             gen.close()  # never marked IN_FLIGHT, never sent
         self.ready = []
         try:
+            for future, (gen, send) in list(self.in_flight.items()):
+                if future.cancel():  # still queued: it never reaches the receiver
+                    del self.in_flight[future]
+                    gen.close()
+                    self._take_back(send, type(cause))
             while self.in_flight:
-                done, _ = wait(self.in_flight, return_when=FIRST_COMPLETED)
-                for future in done:
-                    gen, send = self.in_flight.pop(future)
-                    try:
-                        encoded = self.batch.record_send(send, future.result())
-                    except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
-                        gen.close()
-                        continue
-                    if send.step.name == self.last_step:
-                        _advance(gen, encoded)  # the item's last step: it completes, no user code runs
-                    else:
-                        gen.close()  # its later steps wait for the next run
+                future = self.finished.get()
+                if future.cancelled() or future not in self.in_flight:
+                    continue
+                gen, send = self.in_flight.pop(future)
+                outcome = future.result()
+                if outcome.not_started is not None:
+                    gen.close()
+                    self._take_back(send, type(cause))
+                    continue
+                try:
+                    encoded = self.batch.record_send(send, outcome)
+                except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
+                    gen.close()
+                    continue
+                if send.step.name == self.last_step:
+                    _advance(gen, encoded)  # the item's last step: it completes, no user code runs
+                else:
+                    gen.close()  # its later steps wait for the next run
             try:
                 self.batch.run.write_receipts()
             except Exception as exc:  # noqa: BLE001 - the error that stopped the batch is the one to raise
@@ -189,6 +271,18 @@ class _Concurrent:
                             "or holds them", type(exc).__name__)
         finally:
             self.pool.shutdown(wait=True)
+
+    def _take_back(self, send: _Send, cause: type[BaseException]) -> None:
+        try:
+            self.batch.record_not_started(send, cause)
+        except Exception as exc:  # noqa: BLE001 - left IN_FLIGHT: the next run verifies or holds it
+            log.warning("could not record that a queued send of item %s never started (%s); the next run "
+                        "verifies or holds it", send.item.item_id, type(exc).__name__)
+
+
+def _stopped() -> BatchStopped:
+    return BatchStopped("stopped on request: no new send was started; the sends in flight were recorded "
+                        "as they finished. The job is unfinished: a retry or a Clear resumes it.")
 
 
 MAX_CONCURRENCY = 256

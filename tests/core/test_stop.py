@@ -11,7 +11,8 @@ from datetime import timedelta
 import pytest
 
 from airflow_resumable.journal import Status, StepJournal
-from airflow_resumable.runner import BatchStopped, Step, run_batch
+from airflow_resumable.runner import BatchStopped, NotSentError, Step, run_batch
+from tests.postgres_server import wait_until
 
 JOB = "stop/job"
 ITEMS = [{"id": f"item-{i:03d}"} for i in range(1, 121)]
@@ -58,8 +59,10 @@ def test_no_send_starts_after_stop_and_the_job_stays_unfinished_until_resumed(jo
         # back, and others start meanwhile), and at most the others then being dispatched.
         assert 30 <= receiver.started_before_stop <= sent <= receiver.started_before_stop + concurrency - 1, sent
         # Every send made is recorded (none left IN_FLIGHT: they finished), and the run says how far it got.
+        # At 16, the sends marked and queued for a thread when the stop came never started: their marks
+        # were taken back (their rows went), so they are as if never reached.
         rows = [r for r in journal.rows(JOB) if r.step == "notify"]
-        assert len(rows) == sent and {r.status for r in rows} == {Status.SUCCEEDED}
+        assert {r.item_id for r in rows} == set(receiver.sent) and {r.status for r in rows} == {Status.SUCCEEDED}
         assert progress[-1].items_done == sent < len(ITEMS)
         job = journal.job(JOB)
         assert job is not None and job.status == "unfinished" and job.finished_at is None
@@ -102,3 +105,112 @@ def test_an_empty_batch_finishes_a_new_job(journal_location):
         run_batch(journal, "stop/empty", [], [Step("notify", lambda item, ctx: "r", side_effect=True)])
         job = journal.job("stop/empty")
         assert job is not None and job.status == "completed"
+
+
+@pytest.mark.parametrize("ended_by", ["stop", "a send raising"])
+@pytest.mark.parametrize("earlier_row", [False, True], ids=["new row", "row of an earlier run"])
+def test_a_send_queued_for_a_thread_when_the_run_ends_never_starts_and_its_mark_is_taken_back(
+    journal_location, earlier_row, ended_by
+):
+    """At concurrency 4 a fifth send is marked IN_FLIGHT and queued while four sends are under way (so
+    a thread that finishes takes it at once). The run ends while it waits - stopped, or one of the four
+    sends raises: it never reaches the receiver, and its mark is taken back - its row goes if the mark
+    created it, else it is FAILED and provably not sent with its attempts as before - so the next run
+    sends it with no verify and no human."""
+    queued = "item-005"
+    release = threading.Event()
+    calls: list[str] = []
+    refuse = {queued} if earlier_row else set()  # the earlier run's try of the queued item is refused
+
+    failing = threading.Event()  # "a send raising": item-002's send raises once this is set
+
+    def send(item, ctx):
+        calls.append(item["id"])
+        if item["id"] in refuse:
+            raise NotSentError("refused before anything left")
+        while not release.is_set():
+            if item["id"] == "item-002" and failing.is_set():
+                raise NotSentError("refused before anything left")
+            time.sleep(0.01)
+        return f"rcpt-{item['id']}"
+
+    stop = threading.Event()
+    steps = [Step("notify", send, side_effect=True)]
+    with StepJournal(journal_location) as journal, StepJournal(journal_location) as onlooker:
+        if earlier_row:
+            with pytest.raises(NotSentError):
+                run_batch(journal, JOB, [{"id": queued}], steps)
+            calls.clear()
+            refuse.clear()
+            earlier = next(r for r in journal.rows(JOB) if r.item_id == queued)
+            assert earlier.status == Status.FAILED and earlier.not_sent and earlier.attempts == 1
+
+        def queued_marked() -> bool:
+            rows = {r.item_id: r.status for r in onlooker.rows(JOB)}
+            return len(calls) == 4 and rows.get(queued) == Status.IN_FLIGHT
+
+        outcome: list[BaseException | None] = []
+        runner = threading.Thread(target=lambda: outcome.append(_raised(
+            lambda: run_batch(journal, JOB, ITEMS[:20], steps, concurrency=4, stop=stop))))
+        runner.start()
+        try:
+            assert wait_until(queued_marked, 30), (calls, onlooker.rows(JOB))
+            if ended_by == "stop":
+                stop.set()
+            else:  # item-002 raises while the other three are still under way; they end after that
+                failing.set()
+                assert wait_until(lambda: any(r.item_id == "item-002" and r.status == Status.FAILED
+                                              for r in onlooker.rows(JOB)), 30)
+        finally:
+            release.set()
+            runner.join(30)
+        assert isinstance(outcome[0], BatchStopped if ended_by == "stop" else NotSentError), outcome
+        assert sorted(calls) == ["item-001", "item-002", "item-003", "item-004"]  # the queued one never started
+        rows = {r.item_id: r for r in journal.rows(JOB)}
+        sent = {f"item-00{i}" for i in range(1, 5)} - ({"item-002"} if failing.is_set() else set())
+        assert {item for item, r in rows.items() if r.status == Status.SUCCEEDED} == sent
+        if earlier_row:
+            assert rows[queued].status == Status.FAILED and rows[queued].not_sent and rows[queued].attempts == 1
+            assert rows[queued].error_type == ("BatchStopped" if ended_by == "stop" else "NotSentError")
+        else:
+            assert queued not in rows
+        assert journal.job(JOB).unresolved == 0
+
+        stop.clear()
+        failing.clear()
+        calls.clear()
+        resumed = run_batch(journal, JOB, ITEMS[:20], steps, concurrency=4)
+        assert resumed.status == "completed" and not resumed.held and resumed.verified_steps == 0
+        # Every send not made before (the taken-back one among them) once, and no human was asked.
+        assert sorted(calls) == sorted({i["id"] for i in ITEMS[:20]} - sent)
+
+
+def _raised(call) -> BaseException | None:
+    try:
+        call()
+    except BaseException as exc:  # noqa: BLE001 - the test looks at what the run raised
+        return exc
+    return None
+
+
+def test_a_send_that_waited_over_a_second_for_a_thread_renews_its_mark_before_it_starts(journal_location, caplog):
+    """The four threads are busy for 1.5 s; the fifth send, marked and queued meanwhile, has waited too
+    long when a thread frees (a shared journal's claim could have passed on): it is not started on
+    that mark. Its mark is committed again, then it is sent - once, with one attempt counted."""
+    slow = {"item-001", "item-002", "item-003", "item-004"}
+    calls: list[str] = []
+
+    def send(item, ctx):
+        calls.append(item["id"])
+        if item["id"] in slow:
+            time.sleep(1.5)
+        return f"rcpt-{item['id']}"
+
+    with StepJournal(journal_location) as journal, caplog.at_level("INFO", logger="airflow_resumable.runner"):
+        result = run_batch(journal, JOB, ITEMS[:6], [Step("notify", send, side_effect=True)], concurrency=4)
+        assert result.status == "completed" and not result.held
+        assert sorted(calls) == [f"item-00{i}" for i in range(1, 7)]  # each once
+        assert "item item-005: notify waited over 1 s for a thread" in caplog.text
+        assert {(r.item_id, r.status, r.attempts) for r in journal.rows(JOB)} == {
+            (f"item-00{i}", Status.SUCCEEDED, 1) for i in range(1, 7)}
+        assert journal.resolutions(JOB) == []
