@@ -101,9 +101,16 @@ class ReceiverStore:
         }
 
 
-def make_handler(store: ReceiverStore) -> type[BaseHTTPRequestHandler]:
+class _CutShort(Exception):
+    """The sender went away before the whole request body arrived: nothing was delivered."""
+
+
+def make_handler(store: ReceiverStore, reply_seconds: float = 0.0) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # A reply's head and body are written apart: without this the client's delayed ACK holds each
+        # reply back ~40 ms.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # quiet: the demo prints its own table
             pass
@@ -118,11 +125,19 @@ def make_handler(store: ReceiverStore) -> type[BaseHTTPRequestHandler]:
 
         def _body(self) -> Any:
             length = int(self.headers.get("Content-Length") or 0)
-            return json.loads(self.rfile.read(length) or b"{}")
+            data = self.rfile.read(length)
+            if len(data) < length:
+                # http.client writes a request's head and body apart: a sender killed in between leaves
+                # a head (with its key) and no body. That is no delivery, and must not be recorded as one.
+                raise _CutShort
+            return json.loads(data or b"{}")
 
         def do_POST(self) -> None:  # noqa: N802
             try:
                 body = self._body()
+            except _CutShort:
+                self.close_connection = True  # nobody is left to answer
+                return None
             except ValueError:
                 return self._json(400, {"error": "body must be JSON"})
             if self.path == "/faults":
@@ -133,6 +148,8 @@ def make_handler(store: ReceiverStore) -> type[BaseHTTPRequestHandler]:
                 return self._json(200, {"armed": body["item_id"], "mode": body["mode"]})
             if self.path != "/notifications":
                 return self._json(404, {"error": "not found"})
+            if reply_seconds:
+                time.sleep(reply_seconds)  # the receiver's own work, before it records and answers
             item_id = str(body.get("item_id", ""))
             fault = store.take_fault(item_id)
             if fault == "before_accept":
@@ -171,9 +188,10 @@ class _Server(ThreadingHTTPServer):
 
 def serve(
     port: int, db: Path, *, dedupe: bool = True, host: str = "127.0.0.1", reject_key_reuse: bool = False,
+    reply_ms: float = 0.0,
 ) -> ThreadingHTTPServer:
     store = ReceiverStore(db, dedupe=dedupe, reject_key_reuse=reject_key_reuse)
-    server = _Server((host, port), make_handler(store))
+    server = _Server((host, port), make_handler(store, reply_ms / 1e3))
     server.store = store  # type: ignore[attr-defined]
     return server
 
@@ -188,9 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     keys.add_argument("--reject-key-reuse", action="store_true",
                       help="answer 422 when a key comes back with a different body (as Stripe does)")
     parser.add_argument("--fault", action="append", default=[], metavar="ITEM:MODE")
+    parser.add_argument("--reply-ms", type=float, default=0.0, help="time each notification takes (default 0)")
     args = parser.parse_args(argv)
+    if not 0 <= args.reply_ms <= 60_000:
+        parser.error("--reply-ms must be from 0 to 60000")
     server = serve(args.port, args.db, dedupe=not args.no_dedupe, host=args.host,
-                   reject_key_reuse=args.reject_key_reuse)
+                   reject_key_reuse=args.reject_key_reuse, reply_ms=args.reply_ms)
     for spec in args.fault:
         item_id, _, mode = spec.partition(":")
         server.store.arm(item_id, mode)  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import urllib.error
 import urllib.request
@@ -56,6 +57,26 @@ def test_receiver_without_dedupe_counts_duplicates(receiver_factory):
     for _ in range(2):
         call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k1"})
     assert call(url + "/stats")[1] == {"deliveries": 2, "items": 1, "duplicates": 1, "per_item": {"a": 2}}
+
+
+def test_a_sender_killed_between_the_head_and_the_body_delivered_nothing(receiver_factory):
+    """http.client writes a request's head and its body apart: a sender SIGKILLed in between leaves the
+    head (with the key) and part of the body or none. The receiver must not record that as a delivery,
+    or a later look-up by the key would vouch for an item that never arrived."""
+    _, url = receiver_factory()
+    port = int(url.rsplit(":", 1)[1])
+    body = json.dumps({"item_id": "a", "step": "notify"}).encode()
+    for sent in (b"", body[:10]):
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+            conn.sendall(b"POST /notifications HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k1\r\n"
+                         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + sent)
+            conn.shutdown(socket.SHUT_WR)  # the sender is gone
+            assert conn.recv(1024) == b""  # no answer: there is nobody to answer
+    assert call(url + "/notifications/k1")[0] == 404
+    assert call(url + "/stats")[1]["deliveries"] == 0
+    # The whole request, sent again, is delivered once.
+    assert call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k1"})[0] == 200
+    assert call(url + "/stats")[1]["per_item"] == {"a": 1}
 
 
 def test_fault_before_accept_refuses_and_stores_nothing(receiver_factory):
