@@ -4,7 +4,7 @@ VENV ?= .venv
 AIRFLOW_VERSION ?= 3.3.2
 PY := $(VENV)/bin/python
 
-.PHONY: test test-matrix demo demo-email bench lint clean
+.PHONY: test test-matrix demo demo-email bench bench-fleet lint clean
 
 # The compatibility matrix (make test-matrix): the Airflow-layer, UI and metrics tests on the newest
 # patch of every older Airflow minor this provider declares, and the core tests (no Airflow) on the
@@ -102,6 +102,11 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 
 bench: $(VENV)/.bench-installed  ## run every benchmark; prints figures, ratios and PASS/FAIL, updates README
 	$(PY) -m benchmarks
+
+# A million items over 16 mapped instances on a real CeleryExecutor, a worker SIGKILLed midway (needs
+# redis-server and PostgreSQL's server binaries); writes benchmarks/fleet_results.json. ~30 min on 2 cores.
+bench-fleet: $(VENV)/.installed  ## the fleet run: sharded batch, worker killed, exactly-once from the receiver
+	$(PY) -m benchmarks.fleet
 
 clean:
 	rm -rf $(VENV) .venv-airflow-* .venv-python-* .editable-install.lock .pytest_cache .mypy_cache .ruff_cache .hypothesis

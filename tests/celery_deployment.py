@@ -10,11 +10,13 @@ inside the worker's session). Everything listens on 127.0.0.1 on free ports.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +34,17 @@ from tests.airflow_harness import AIRFLOW, REPO, base_env
 from tests.postgres_server import create_database, wait_until
 
 WORKER_NAME_ENV = "RESUMABLE_TEST_WORKER_NAME"
+
+
+def require_redis_server(who: str) -> None:
+    """Skip ``who`` (a test module) where redis-server is missing - but fail under CI, which installs it."""
+    import pytest
+
+    if shutil.which("redis-server") is None:
+        why = f"{who} needs redis-server (Debian: apt-get install redis-server)"
+        if os.environ.get("CI"):
+            pytest.fail(why + "; .ci/run installs it, so CI must run it")
+        pytest.skip(why)
 
 
 def worker_hostname() -> str:
@@ -124,16 +138,29 @@ class Component:
 
 @dataclass
 class CeleryDeployment:
+    """The deployment. ``worker_concurrency``: Celery slots per worker (the scheduler's parallelism
+    follows, so every slot can be busy); ``receiver_reply_ms``: the demo receiver takes this long per
+    notification; ``dag_files``: which of ``tests/celery_dags`` to deploy (default all); ``extra_env``:
+    more environment for every component (the fleet DAG's sizes)."""
+
     root: Path
     postgres_admin_url: str
     components: dict[str, Component] = field(default_factory=dict)
     peak_rss_kib: int = 0
     _sampling: bool = False
+    worker_concurrency: int = 2
+    receiver_reply_ms: float = 0.0
+    dag_files: Sequence[str] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    # Peak RSS of each component's session (the PostgreSQL server as "postgresql"), and of the whole.
+    peak_rss_by_component_kib: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.home = self.root / "airflow"
         (self.home / "dags").mkdir(parents=True)
-        for source in [*(REPO / "tests" / "celery_dags").glob("*.py"), REPO / "dags" / "resolve_held_item.py"]:
+        folder = REPO / "tests" / "celery_dags"
+        dags = folder.glob("*.py") if self.dag_files is None else [folder / name for name in self.dag_files]
+        for source in [*dags, REPO / "dags" / "resolve_held_item.py"]:
             shutil.copy(source, self.home / "dags" / source.name)
         self.metadata_url = create_database(self.postgres_admin_url)
         self.journal_url = create_database(self.postgres_admin_url)
@@ -157,10 +184,10 @@ class CeleryDeployment:
             # SQLAlchemy 2.1 maps a bare postgresql:// to psycopg 3; Celery's result backend wants psycopg2.
             AIRFLOW__CELERY__RESULT_BACKEND="db+" + meta,
             AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{self.redis_port}/0",
-            AIRFLOW__CELERY__WORKER_CONCURRENCY="2",
+            AIRFLOW__CELERY__WORKER_CONCURRENCY=str(self.worker_concurrency),
             AIRFLOW__CORE__HOSTNAME_CALLABLE="tests.celery_deployment.worker_hostname",
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
-            AIRFLOW__CORE__PARALLELISM="8",
+            AIRFLOW__CORE__PARALLELISM=str(max(8, 2 * self.worker_concurrency)),
             # A killed worker's task is found by its missing heartbeat: wait 20 s, not the default 300.
             AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT="20",
             AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL="3",
@@ -171,6 +198,7 @@ class CeleryDeployment:
                 "schema": pg.path.lstrip("/"),
             }),
         )
+        env.update(self.extra_env)
         return env
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -188,7 +216,8 @@ class CeleryDeployment:
         self._spawn("redis", ["redis-server", "--port", str(self.redis_port), "--bind", "127.0.0.1",
                               "--save", "", "--appendonly", "no", "--dir", str(self.root)])
         self._spawn("receiver", [sys.executable, "-u", "-m", "airflow_resumable.demo_receiver", "--port", "0",
-                                 "--db", str(self.receiver_db), "--no-dedupe"])
+                                 "--db", str(self.receiver_db), "--no-dedupe",
+                                 "--reply-ms", str(self.receiver_reply_ms)])
         receiver_line = wait_for_line(self.components["receiver"].log, "demo receiver on", 30)
         self.receiver_url = receiver_line.split()[3]
         self.env["AIRFLOW_CONN_CELERY_RECEIVER"] = json.dumps({"conn_type": "http", "host": self.receiver_url})
@@ -233,7 +262,8 @@ class CeleryDeployment:
 
     def start_worker(self, name: str) -> Component:
         return self._spawn(name, [AIRFLOW, "celery", "worker", "--celery-hostname", f"{name}@%h",
-                                  "--queues", "default", "--concurrency", "2"], env=self.worker_env(name))
+                                  "--queues", "default", "--concurrency", str(self.worker_concurrency)],
+                           env=self.worker_env(name))
 
     def wait_worker_ready(self, name: str, timeout: float = 120) -> None:
         assert wait_for_line(self.components[name].log, "ready.", timeout), self.components[name].tail()
@@ -261,10 +291,13 @@ class CeleryDeployment:
         self._sampling = True
         postmaster = _postmaster_pid(self.postgres_admin_url)
         while self._sampling:
-            pids = {pid for c in self.components.values() for pid in c.pids()}
+            sessions = {c.name: c.pids() for c in list(self.components.values())}
             if postmaster:
-                pids |= {postmaster, *_children(postmaster)}
-            self.peak_rss_kib = max(self.peak_rss_kib, sum(_rss_kib(pid) for pid in pids))
+                sessions["postgresql"] = [postmaster, *_children(postmaster)]
+            rss = {name: sum(_rss_kib(pid) for pid in pids) for name, pids in sessions.items()}
+            for name, kib in rss.items():
+                self.peak_rss_by_component_kib[name] = max(self.peak_rss_by_component_kib.get(name, 0), kib)
+            self.peak_rss_kib = max(self.peak_rss_kib, sum(rss.values()))
             time.sleep(0.5)
 
     def stop(self) -> None:
@@ -330,13 +363,54 @@ class CeleryDeployment:
         raise AssertionError(f"{dag_id}.{task_id} still {ti.get('state')} (try {ti.get('try_number')}) "
                              f"after {timeout:.0f} s; scheduler log:\n{self.components['scheduler'].tail()}")
 
-    def clear(self, dag_id: str, run_id: str, task_id: str) -> None:
+    def clear(self, dag_id: str, run_id: str, task_id: str, *, only_failed: bool = False) -> None:
+        """The UI's "Clear" on the task in the run (``only_failed``: on its failed mapped instances)."""
         self.api("POST", f"/api/v2/dags/{dag_id}/clearTaskInstances", {
-            "dry_run": False, "task_ids": [task_id], "dag_run_id": run_id, "only_failed": False,
+            "dry_run": False, "task_ids": [task_id], "dag_run_id": run_id, "only_failed": only_failed,
             "reset_dag_runs": True})
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int) -> str:
+    def mapped_instances(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """Every mapped instance of the task in the run, by map index."""
+        found = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/listMapped"
+                                "?limit=1000&order_by=map_index")
+        return sorted(found["task_instances"], key=lambda t: t["map_index"])
+
+    def mapped_tries(self, dag_id: str, run_id: str, task_id: str, map_index: int) -> list[dict[str, Any]]:
+        """Every try of one mapped instance, first first."""
+        history = self.api("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/{map_index}/tries")
+        return sorted(history["task_instances"], key=lambda t: t["try_number"])
+
+    def wait_mapped_done(self, dag_id: str, run_id: str, task_id: str, count: int, timeout: float = 600
+                         ) -> list[dict[str, Any]]:
+        """Until all ``count`` mapped instances have ended (success or failed, retries spent)."""
+        deadline = time.monotonic() + timeout
+        instances: list[dict[str, Any]] = []
+        while time.monotonic() < deadline:
+            instances = self.mapped_instances(dag_id, run_id, task_id)
+            if len(instances) == count and all(t["state"] in ("success", "failed") for t in instances):
+                return instances
+            time.sleep(2)
+        states = {t["map_index"]: (t["state"], t["try_number"]) for t in instances}
+        raise AssertionError(f"{dag_id}.{task_id}: not all {count} instances ended after {timeout:.0f} s: {states}; "
+                             f"scheduler log:\n{self.components['scheduler'].tail()}")
+
+    def journal_size_bytes(self) -> dict[str, int]:
+        """The shared journal's size: its tables with their indexes and TOAST, and its whole database."""
+        import psycopg
+
+        with psycopg.connect(self.journal_url, autocommit=True) as conn:
+            tables = conn.execute(
+                "SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0) FROM pg_class c "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = 'resumable' AND c.relkind = 'r'"
+            ).fetchone()
+            database = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+        assert tables is not None and database is not None
+        return {"tables": int(tables[0]), "database": int(database[0])}
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int | None = None) -> str:
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
+        if map_index is not None:
+            folder /= f"map_index={map_index}"
         return "".join(p.read_text(errors="replace") for p in sorted(folder.glob(f"attempt={try_number}*")))
 
     # -- the receiver's own counts --------------------------------------------------------------
@@ -347,6 +421,22 @@ class CeleryDeployment:
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
+
+    def receiver_store(self) -> sqlite3.Connection:
+        """The receiver's own store, read-only (its /stats would carry a million item ids over HTTP)."""
+        return sqlite3.connect(f"file:{self.receiver_db}?mode=ro", uri=True, timeout=30)
+
+    def receiver_deliveries(self) -> int:
+        """How many deliveries the receiver has recorded so far, of every DAG (cheap: its last row number)."""
+        with contextlib.closing(self.receiver_store()) as store:
+            return int(store.execute("SELECT coalesce(max(seq), 0) FROM deliveries").fetchone()[0])
+
+    def receiver_counts(self, prefix: str) -> dict[str, int]:
+        """Deliveries per item id, of the item ids that start with ``prefix-``."""
+        with contextlib.closing(self.receiver_store()) as store:
+            return dict(store.execute(
+                "SELECT item_id, count(*) FROM deliveries WHERE substr(item_id, 1, ?) = ? GROUP BY item_id",
+                (len(prefix) + 1, prefix + "-")))
 
 
 def wait_for_line(log: Path, needle: str, timeout: float) -> str:
@@ -370,3 +460,4 @@ def _postmaster_pid(admin_url: str) -> int | None:
         return int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
     except Exception:  # noqa: BLE001 - a server elsewhere (RESUMABLE_TEST_POSTGRES_URL): not counted
         return None
+

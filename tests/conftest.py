@@ -60,6 +60,7 @@ SLOWEST_MODULES = (
     "test_airflow_layer.py",
     "test_properties.py",
     "test_celery_deployment.py",
+    "test_celery_fleet.py",
     "test_hardening.py",
     "test_demo.py",
     "test_distribution.py",
