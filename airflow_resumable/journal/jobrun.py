@@ -123,7 +123,10 @@ class JobRun:
         with self.engine.scratch() as tx:
             row = tx.one(sql.SEEN_MAX.format(table=table))
             start = (row[0] if row else None) or 0
-            added = tx.many(sql.SEEN_INSERT.format(table=table), chunk)
+            added = 0
+            for first in range(0, len(chunk), sql.SEEN_ROWS_PER_STATEMENT):
+                part = chunk[first:first + sql.SEEN_ROWS_PER_STATEMENT]
+                added += tx.run(sql.seen_insert(table, len(part)), [value for pair in part for value in pair])
             if added != len(chunk):
                 tx.run(sql.SEEN_DELETE_AFTER.format(table=table), (start,))
                 ids = [item_id for item_id, _ in chunk]

@@ -106,9 +106,9 @@ class _Concurrent:
     a busy pipeline never costs more than one durable commit per quarter of ``n`` sends. A thread
     left idle (the queue ran dry) gets what is ready as soon as that is a quarter of ``n``; a run
     with nothing in flight starts at once.
-    Finished sends are recorded as soon as this thread is between items: their receipts ride with
-    the next group's commit (or, with a receipt log, are logged) before any more user code runs.
-    Local steps run on this thread, between sends.
+    A send that ended frees its place at once, but is recorded when the next group is committed: its
+    receipt rides with that commit (with a receipt log, it is logged too), always before any more
+    user code runs. Local steps run on this thread, between sends.
     """
 
     def __init__(self, batch: _Batch, n: int, stop: threading.Event | None = None) -> None:
@@ -133,21 +133,25 @@ class _Concurrent:
         if send is not None:
             self.ready.append((gen, send))
         while True:
-            self._record_finished(wait=False)
-            room = self.n + self.ahead - len(self.in_flight)
-            if self.ready and room > 0 and self._group_is_due(room):
-                self._dispatch(room)
+            # Sends that ended count as free places at once, but are recorded only when a group is
+            # committed: their receipts ride with its commit instead of a commit of their own.
+            unrecorded = self.finished.qsize()
+            room = self.n + self.ahead - len(self.in_flight) + unrecorded
+            if self.ready and room > 0 and self._group_is_due(room, len(self.in_flight) - unrecorded):
+                self._record_finished(wait=False)
+                self._dispatch(self.n + self.ahead - len(self.in_flight))
             elif len(self.ready) >= self.max_ready:
                 self._record_finished(wait=True)  # nothing more to prepare: wait for a send to end
             else:
                 self.batch.run.write_receipts()  # this thread goes back to the caller's code
                 return
 
-    def _group_is_due(self, room: int) -> bool:
-        """Whether to commit the ready sends' marks now, or prepare more items first to share the commit."""
-        if not self.in_flight:
+    def _group_is_due(self, room: int, active: int) -> bool:
+        """Whether to commit the ready sends' marks now, or prepare more items first to share the commit.
+        ``active``: the sends marked and not yet ended (under way or queued)."""
+        if not active:
             return True  # nothing is being sent: start at once
-        if len(self.in_flight) < self.n:
+        if active < self.n:
             return len(self.ready) >= self.min_group  # a thread is idle: the queue ran dry
         return room >= self.min_group and len(self.ready) >= min(room, self.max_ready)
 
