@@ -197,6 +197,22 @@ def _print_section(name: str, result: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def merged(path: Path, meta: dict[str, Any], sections: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The results at ``path`` with these sections put in (replacing their earlier figures), and when
+    and by which command each section was measured (``meta["measured"]``)."""
+    if not path.exists():
+        return meta | {"measured": dict.fromkeys(sections, _provenance(meta))}, sections
+    previous = json.loads(path.read_text())
+    before = previous["meta"]
+    measured = before.get("measured") or dict.fromkeys(previous["sections"], _provenance(before))
+    measured = measured | dict.fromkeys(sections, _provenance(meta))
+    return meta | {"measured": measured}, previous["sections"] | sections
+
+
+def _provenance(meta: dict[str, Any]) -> dict[str, str]:
+    return {"date": meta["date"], "command": meta["command"]}
+
+
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
@@ -208,6 +224,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="items of the journal-size sections' big journal (default 10,000,000; --quick 100,000)")
     parser.add_argument("--json", type=Path, help="write results here (default: benchmarks/results.json on a full run)")
     parser.add_argument("--no-readme", action="store_true", help="do not update README.md's table")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only (full size): put these sections into benchmarks/results.json beside the "
+                             "ones measured before - each keeps when and by which command it was measured - and "
+                             "rewrite README.md's table from them all")
     parser.add_argument("--child", nargs=3, metavar=("SECTION", "PARAMS", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(args_in)
 
@@ -216,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         Path(out).write_text(json.dumps(run_section(name, json.loads(params))))
         return 0
 
+    if args.merge and (args.quick or args.n is not None or not args.only):
+        parser.error("--merge takes a full-size run of some sections (--only, without --quick or --n)")
     mode = "quick" if args.quick else "full"
     chosen = SECTIONS if not args.only else tuple(s.strip() for s in args.only.split(","))
     unknown = set(chosen) - set(SECTIONS)
@@ -238,14 +260,17 @@ def main(argv: list[str] | None = None) -> int:
         _print_section(name, sections[name])
         print()
 
+    results_path = REPO / "benchmarks" / "results.json"
+    if args.merge:
+        meta, sections = merged(results_path, meta, sections)
     rows = report.rows(sections)
     print(report.text_table(rows))
     results = {"meta": meta, "sections": sections, "targets": [row.as_json() for row in rows]}
-    json_path = args.json or (None if args.quick or args.only else REPO / "benchmarks" / "results.json")
+    json_path = args.json or (None if args.quick or (args.only and not args.merge) else results_path)
     if json_path is not None:
         json_path.write_text(json.dumps(results, indent=2) + "\n")
         print(f"\nresults: {json_path}")
-    if not (args.quick or args.only or args.no_readme):
+    if not (args.quick or (args.only and not args.merge) or args.no_readme):
         report.update_readme(REPO / "README.md", report.markdown(rows, meta, sections.get("article")))
         print("README.md: Performance table updated")
     # A FAIL is a finding, not a crash; a section that could not run at all is.

@@ -39,6 +39,10 @@ class Server:
     def new_database(self) -> str:
         return self._cluster.new_database()  # type: ignore[attr-defined, no-any-return]
 
+    def pid(self) -> int:
+        """The server's main process (its postmaster): every session's backend is a child of it."""
+        return int((self._cluster.data / "postmaster.pid").read_text().split()[0])  # type: ignore[attr-defined]
+
     def version(self) -> str:
         import psycopg
 

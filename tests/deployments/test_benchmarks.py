@@ -83,7 +83,7 @@ def test_the_postgres_sections_run_where_postgres_is_installed(quick_results):
     assert not [name for name in POSTGRES_SECTIONS if "skipped" in sections[name] or "error" in sections[name]]
     figures = [t for t in quick_results["targets"]
                if "PostgreSQL" in t["figure"] and not t["figure"].startswith("journal size")]
-    assert len(figures) == 11
+    assert len(figures) == 14  # the journal cost's three settings with the CPU each side used among them
     # Every PostgreSQL figure is measured; only the DBOS comparison may lack its peer (the bench extra).
     assert all(t["result"] in ("PASS", "FAIL", "INFO") or "dbos is not installed" in t["note"] for t in figures)
 
@@ -111,6 +111,15 @@ def test_the_journal_cost_runs_both_sides_of_each_setting_and_profiles_the_journ
         assert s["items"] == 200 and s["duplicate_sends"] == 0, name
         assert len(s["all_seconds"]["without"]) == len(s["all_seconds"]["with"]) == 1, name
         assert s["ratio"] == pytest.approx(s["with_items_per_second"] / s["without_items_per_second"]), name
+        for side in ("without", "with"):
+            cpu = s["cpu_ms_per_item"][side]
+            assert cpu["client"] > 0 and cpu["receiver"] >= 0 and 0 < cpu["busy_share"] <= 1, (name, side, cpu)
+            if section == "journal_cost":
+                assert cpu["database"] == 0, (name, cpu)
+    # The database server's CPU is counted on PostgreSQL, where the journal's statements run (clock ticks:
+    # summed over the settings, so that a few milliseconds are not rounded down to none).
+    if section == "journal_cost_postgres":
+        assert sum(s["cpu_ms_per_item"]["with"]["database"] for s in c["settings"].values()) > 0
     profile = c["profile"]
     assert profile["setting"] == "16@4ms" and 0 <= profile["waiting_for_sends_share"] <= 1
     assert len(profile["busiest"]) == 8 and all(f["calls"] > 0 for f in profile["busiest"])
@@ -248,3 +257,28 @@ def test_a_journal_filled_in_sql_keeps_the_counts_its_rows_give(tmp_path):
     assert len(held) == 5 * journal_size.HELD_PER_JOB
     assert [r.step for r in rows] == ["validate", "transform", "notify"]  # the order a run writes them
     assert rows[0].item_id == "order-00000900" and rows[0].digest == rows[2].digest
+
+
+def test_a_merged_run_keeps_the_other_sections_and_says_which_run_measured_each(tmp_path):
+    """``--merge``: the sections of an --only run go into results.json beside the earlier ones, and the
+    README's table names the run (date and command) that measured each."""
+    from benchmarks.__main__ import merged
+
+    full = {"date": "2026-12-03 13:58 UTC", "machine": "x86_64", "nproc": 2, "python": "3.11.7", "sqlite": "3.40.1",
+            "quick": False, "command": "make bench"}
+    earlier = {"concurrency": {"n": 1}, "journal_cost": {"old": True}}
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"meta": full, "sections": earlier, "targets": []}))
+    later = full | {"date": "2026-12-05 17:40 UTC", "command": "python -m benchmarks --only journal_cost --merge"}
+    meta, sections = merged(path, later, {"journal_cost": {"new": True}})
+    assert sections == {"concurrency": {"n": 1}, "journal_cost": {"new": True}}
+    assert meta["measured"] == {"concurrency": {"date": full["date"], "command": "make bench"},
+                                "journal_cost": {"date": later["date"], "command": later["command"]}}
+    table = report.markdown([], meta)
+    assert "* 2026-12-03 13:58 UTC by `make bench`: concurrency" in table
+    assert f"* 2026-12-05 17:40 UTC by `{later['command']}`: journal_cost" in table
+    # Merged again later: the provenance kept in results.json is carried on, not the first run's.
+    path.write_text(json.dumps({"meta": meta, "sections": sections, "targets": []}))
+    again, _ = merged(path, later | {"date": "2026-12-06 09:00 UTC"}, {"concurrency": {"n": 2}})
+    assert again["measured"]["journal_cost"]["date"] == later["date"]
+    assert again["measured"]["concurrency"]["date"] == "2026-12-06 09:00 UTC"
