@@ -124,8 +124,9 @@ class JobRun:
             row = tx.one(sql.SEEN_MAX.format(table=table))
             start = (row[0] if row else None) or 0
             added = 0
-            for first in range(0, len(chunk), sql.SEEN_ROWS_PER_STATEMENT):
-                part = chunk[first:first + sql.SEEN_ROWS_PER_STATEMENT]
+            per_statement = max(1, min(sql.SEEN_ROWS_PER_STATEMENT, self.engine.max_params // 2))  # 2 per pair
+            for first in range(0, len(chunk), per_statement):
+                part = chunk[first:first + per_statement]
                 added += tx.run(sql.seen_insert(table, len(part)), [value for pair in part for value in pair])
             if added != len(chunk):
                 tx.run(sql.SEEN_DELETE_AFTER.format(table=table), (start,))
