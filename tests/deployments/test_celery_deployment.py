@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
-import shutil
 import subprocess
 import sys
 import time
@@ -22,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.runner import idempotency_key
-from tests.celery_deployment import CeleryDeployment
+from tests.celery_deployment import CeleryDeployment, require_redis_server
 from tests.postgres_server import wait_until
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
@@ -33,11 +31,7 @@ CLI = str(Path(sys.executable).with_name("airflow-resumable"))
 
 @pytest.fixture(scope="module")
 def deployment(postgres, tmp_path_factory):
-    if shutil.which("redis-server") is None:
-        why = "the Celery deployment tests need redis-server (Debian: apt-get install redis-server)"
-        if os.environ.get("CI"):
-            pytest.fail(why + "; .ci/run installs it, so CI must run them")
-        pytest.skip(why)
+    require_redis_server("the Celery deployment tests")
     started = time.monotonic()
     deploy = CeleryDeployment(tmp_path_factory.mktemp("celery"), postgres.admin_url)
     try:
