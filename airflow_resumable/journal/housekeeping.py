@@ -20,6 +20,11 @@ class JournalHousekeeping:
     # Items deleted per transaction by prune: short enough that a run on the same journal waits
     # milliseconds, not seconds, for its next mark's commit.
     PRUNE_BATCH_ITEMS = 500
+    # Seconds between two batches, at least: longer than any sleep of SQLite's busy handler in a
+    # writer's first 100 ms of waiting (1, 2, 5, 10, 15, 20, 25, 25 ms). A run whose mark found a
+    # batch under way then wakes up in the pause after it; with pauses as short as the batches
+    # (5-10 ms) it kept waking while the next batch held the journal, up to 8 batches (107 ms).
+    PRUNE_PAUSE = 0.03
 
     def prune(self, older_than: timedelta) -> list[str]:
         """Forget finished jobs not updated for ``older_than``; returns the pruned job ids.
@@ -28,8 +33,9 @@ class JournalHousekeeping:
         is held. A job with held or unresolved rows, or one running right now, is never pruned. A
         pruned job leaves a tombstone: running it again under the same job_id is refused (it would
         re-send everything). The tombstone is written first, then the rows are deleted in short
-        transactions of :attr:`PRUNE_BATCH_ITEMS` items, pausing between them so runs on the same
-        journal commit their marks meanwhile; a prune that was interrupted is finished by the next one.
+        transactions of :attr:`PRUNE_BATCH_ITEMS` items, pausing at least :attr:`PRUNE_PAUSE` between
+        them so runs on the same journal commit their marks meanwhile; a prune that was interrupted is
+        finished by the next one.
         """
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError("older_than must be a non-negative datetime.timedelta, e.g. timedelta(days=30)")
@@ -61,7 +67,8 @@ class JournalHousekeeping:
                 if last is None:
                     return True
                 after = last
-                # As long again as the batch took (at most 50 ms): writers waiting for the journal get in.
-                time.sleep(min(0.05, time.monotonic() - started))
+                # As long again as the batch took (at least PRUNE_PAUSE, at most 50 ms): writers waiting for
+                # the journal get in.
+                time.sleep(max(self.PRUNE_PAUSE, min(0.05, time.monotonic() - started)))
         finally:
             claim.release(remove=True)

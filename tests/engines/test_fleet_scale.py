@@ -358,6 +358,36 @@ def test_an_interrupted_prune_leaves_a_tombstone_and_the_next_prune_finishes(jou
         backends.assert_counts_exact(journal_location)
 
 
+def test_prune_pauses_between_batches_with_the_journal_free_for_a_waiting_writer(journal_location, monkeypatch):
+    """A writer waiting for a batch must get in during the next pause: the pause is longer than the steps of
+    SQLite's busy handler (up to 25 ms in a writer's first 100 ms), and nothing of the prune holds the journal
+    while it lasts (on SQLite, another connection takes the write lock at once, with no busy wait)."""
+    from airflow_resumable.journal import housekeeping
+
+    with StepJournal(journal_location) as journal:
+        run_batch(journal, JOB, [{"id": f"i{n:03d}"} for n in range(50)], sending([]))
+        monkeypatch.setattr(type(journal), "PRUNE_BATCH_ITEMS", 10)
+        pauses: list[float] = []
+        taken: list[bool] = []
+
+        def pause(seconds: float) -> None:
+            pauses.append(seconds)
+            if not journal_location.startswith("postgresql"):
+                other = sqlite3.connect(journal_location, timeout=0, isolation_level=None)
+                try:
+                    other.execute("BEGIN IMMEDIATE")  # raises "database is locked" if the prune held it
+                    other.execute("ROLLBACK")
+                    taken.append(True)
+                finally:
+                    other.close()
+
+        monkeypatch.setattr(housekeeping.time, "sleep", pause)
+        assert journal.prune(timedelta(0)) == [JOB]
+    assert len(pauses) == 5  # one after each batch of ten items
+    assert min(pauses) >= housekeeping.JournalHousekeeping.PRUNE_PAUSE > 0.025
+    assert taken == ([] if journal_location.startswith("postgresql") else [True] * 5)
+
+
 def test_prune_leaves_jobs_that_are_not_finished(journal_location):
     with StepJournal(journal_location) as journal:
         run_batch(journal, "done", [{"id": "a"}], sending([]))
