@@ -7,6 +7,7 @@ timing or ratio is: performance targets live in `make bench`, not in unit tests.
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +16,17 @@ import pytest
 
 from airflow_resumable.journal.schema import recount_statement
 from airflow_resumable.runner import Step
-from benchmarks import article_experiment, concurrency, journal_cost, journal_size, peer_dbos, pg, report, scaleout
+from benchmarks import (
+    article_experiment,
+    concurrency,
+    journal_cost,
+    journal_size,
+    peer_dbos,
+    pg,
+    report,
+    row_layouts,
+    scaleout,
+)
 from benchmarks.article_baseline import ArticleStyleJournal, run_article_style
 
 REPO = Path(__file__).resolve().parents[2]
@@ -257,6 +268,29 @@ def test_a_journal_filled_in_sql_keeps_the_counts_its_rows_give(tmp_path):
     assert len(held) == 5 * journal_size.HELD_PER_JOB
     assert [r.step for r in rows] == ["validate", "transform", "notify"]  # the order a run writes them
     assert rows[0].item_id == "order-00000900" and rows[0].digest == rows[2].digest
+
+
+def test_the_row_layouts_baseline_is_the_journals_own_table_and_size(tmp_path):
+    """The layout study's "today" is the journal's steps table (same columns, same key) and weighs what a
+    journal filled by the journal-size section weighs per item, so the candidates are compared with the truth."""
+    engine = journal_size.SqliteEngine(str(tmp_path / "filled.sqlite3"))
+    with engine.open():
+        pass
+    journal_size.fill(engine, journal_size.Shape(items=4_000, jobs=1))
+    journal_columns = [row[1] for row in engine.count("PRAGMA table_info(steps)")]
+    conn = sqlite3.connect(tmp_path / "today.sqlite3")
+    conn.execute(row_layouts.LAYOUTS[0].table.format(real="REAL", blob="BLOB", without_rowid="WITHOUT ROWID"))
+    assert [row[1] for row in conn.execute("PRAGMA table_info(t)")] == journal_columns
+    conn.close()
+
+    results = row_layouts.measure(4_000)
+    layouts = results["layouts"]
+    filled, _ = engine.bytes()
+    assert layouts["today"]["sqlite"] == pytest.approx(filled / 4_000, rel=0.15)
+    engines = ["sqlite"] if results["postgresql_skipped"] else ["sqlite", "postgresql"]
+    for name in engines:
+        sizes = [layouts[layout.name][name] for layout in row_layouts.LAYOUTS]
+        assert sizes == sorted(sizes, reverse=True), (name, sizes)  # each candidate below the one before
 
 
 def test_a_merged_run_keeps_the_other_sections_and_says_which_run_measured_each(tmp_path):
