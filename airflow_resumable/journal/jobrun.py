@@ -124,7 +124,8 @@ class JobRun:
             row = tx.one(sql.SEEN_MAX.format(table=table))
             start = (row[0] if row else None) or 0
             added = 0
-            per_statement = max(1, min(sql.SEEN_ROWS_PER_STATEMENT, self.engine.max_params // 2))  # 2 per pair
+            per_statement = sql.rows_per_statement(sql.SEEN_ROWS_PER_STATEMENT, sql.SEEN_VALUES_PER_ROW,
+                                                   self.engine.max_params)
             for first in range(0, len(chunk), per_statement):
                 part = chunk[first:first + per_statement]
                 added += tx.run(sql.seen_insert(table, len(part)), [value for pair in part for value in pair])

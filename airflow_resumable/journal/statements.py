@@ -107,9 +107,14 @@ def without_repeats(rows: Sequence[Sequence[Any]], limit: int) -> list[list[Sequ
     return parts
 
 
+def rows_per_statement(preferred: int, values_per_row: int, max_params: int) -> int:
+    """Rows of a multi-row statement: ``preferred``, fewer where the engine's parameter limit says so."""
+    return max(1, min(preferred, max_params // values_per_row))
+
+
 def upsert_statements(rows: Sequence[Sequence[Any]], max_params: int) -> list[Statement]:
     """``rows`` as few multi-row upsert statements as the engine's parameter limit allows."""
-    limit = max(1, min(UPSERT_ROWS_PER_STATEMENT, max_params // UPSERT_VALUES_PER_ROW))
+    limit = rows_per_statement(UPSERT_ROWS_PER_STATEMENT, UPSERT_VALUES_PER_ROW, max_params)
     return [
         Statement(upsert_rows(len(part)), [value for row in part for value in row])
         for part in without_repeats(rows, limit)
@@ -271,6 +276,7 @@ SEEN_DELETE_AFTER = "DELETE FROM {table} WHERE n > ?"
 # Pairs per insert into it: one statement for a chunk, not one per id (executemany sends PostgreSQL a
 # statement per row, a quarter of the runner thread's time at concurrency 16).
 SEEN_ROWS_PER_STATEMENT = 500
+SEEN_VALUES_PER_ROW = 2  # (item_id, digest)
 
 
 def seen_insert(table: str, count: int) -> str:
