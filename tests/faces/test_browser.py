@@ -327,22 +327,25 @@ def cut_off_in_airflow_frame(page, url: str, path: str) -> list[str]:
     """CUT_OFF of the page at `path`, shown in the "Resumable jobs" frame of Airflow's UI.
 
     Airflow's UI can mount the frame again while it settles (its own page then loads once more in
-    it), which destroys the page being measured: measure again then, and only the page at `path`."""
+    it, destroying the page being measured, or replacing the frame): open `path` in whatever frame
+    is mounted now and measure again, and only the page at `path`."""
     from playwright.sync_api import Error, expect
 
     inner = page.frame_locator('iframe[title="Resumable jobs"]')
-    for attempt in range(3):
-        page.goto(url + "/plugin/resumable-jobs")
-        expect(inner.locator("nav.crumbs")).to_be_visible(timeout=60_000)  # the frame's own page loaded
+    page.goto(url + "/plugin/resumable-jobs")
+    expect(inner.locator("nav.crumbs")).to_be_visible(timeout=60_000)  # the frame's own page loaded
+    for _ in range(10):
         page.wait_for_load_state("networkidle")
         frame = page.locator('iframe[title="Resumable jobs"]').element_handle().content_frame()
-        frame.goto(path)
-        expect(inner.locator("table.held").first).to_be_visible(timeout=60_000)
         try:
+            if urllib.request.unquote(frame.url) != urllib.request.unquote(path):
+                frame.goto(path)
+            expect(inner.locator("table.held").first).to_be_visible(timeout=60_000)
             problems = frame.evaluate(CUT_OFF)
         except Error as error:
-            if "context was destroyed" not in str(error) or attempt == 2:
+            if "context was destroyed" not in str(error) and "detached" not in str(error):
                 raise
+            time.sleep(1)  # the frame was mounted again under us: let the UI settle, then once more
             continue
         if urllib.request.unquote(frame.url) == urllib.request.unquote(path):
             return problems
