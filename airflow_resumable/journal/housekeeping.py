@@ -69,6 +69,10 @@ class JournalHousekeeping:
                 after = last
                 # As long again as the batch took (at least PRUNE_PAUSE, at most 50 ms): writers waiting for
                 # the journal get in.
-                time.sleep(max(self.PRUNE_PAUSE, min(0.05, time.monotonic() - started)))
+                self._pause(max(self.PRUNE_PAUSE, min(0.05, time.monotonic() - started)))
         finally:
             claim.release(remove=True)
+
+    def _pause(self, seconds: float) -> None:
+        """The prune's pause between two batches (its own method: a test watches it, not every sleep)."""
+        time.sleep(seconds)

@@ -381,7 +381,7 @@ def test_prune_pauses_between_batches_with_the_journal_free_for_a_waiting_writer
                 finally:
                     other.close()
 
-        monkeypatch.setattr(housekeeping.time, "sleep", pause)
+        monkeypatch.setattr(journal, "_pause", pause)
         assert journal.prune(timedelta(0)) == [JOB]
     assert len(pauses) == 5  # one after each batch of ten items
     assert min(pauses) >= housekeeping.JournalHousekeeping.PRUNE_PAUSE > 0.025
