@@ -1,7 +1,8 @@
 """The journal's read API: jobs, their rows, held steps and resolutions, one page at a time.
 
 A page ends with an opaque cursor that carries the last row's sort key: the next page starts after it,
-so paging stays correct while runs add rows, and a cursor of one kind of list is refused by another.
+so paging stays correct while runs add rows. A cursor of one kind of list is refused by another, and
+one of a job's list by another job's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from airflow_resumable.journal.backend import JournalBackend
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.errors import PageError
 from airflow_resumable.journal.records import (
-    MAX_JOB_ID_LENGTH,
+    MAX_CURSOR_LENGTH,
     MAX_PAGE,
     HeldReason,
     HeldStep,
@@ -50,21 +51,41 @@ def _cursor_key(cursor: object, kind: str, types: tuple[type, ...]) -> list[Any]
     """The key a cursor of ``kind`` carries, or :class:`PageError`."""
     refused = PageError(f"cursor {str(cursor)[:40]!r} is not a {kind} cursor this journal gave; "
                         "start again from the first page (no cursor)")
-    if not isinstance(cursor, str) or len(cursor) > 4 * MAX_JOB_ID_LENGTH:
+    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_LENGTH:
         raise refused
     try:
         key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("utf-8"))
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[[[[...", nested too deep
         raise refused from None
     if not isinstance(key, list) or len(key) != len(types) + 1 or key[0] != kind:
         raise refused
     values = key[1:]
     for value, wanted in zip(values, types, strict=True):
-        if wanted is float and isinstance(value, int) and not isinstance(value, bool):
-            continue
-        if not isinstance(value, wanted) or isinstance(value, bool):
+        if isinstance(value, bool):
             raise refused
+        if wanted is str and isinstance(value, str) and text_problem(value) is None:
+            continue  # text either engine can compare (no NUL, no lone surrogate)
+        if wanted is int and isinstance(value, int) and 0 <= value < 2**63:
+            continue  # an id: a 64-bit integer on both engines
+        if wanted is float and isinstance(value, int | float) and _is_float(value):
+            continue
+        raise refused
     return [float(v) if t is float else v for v, t in zip(values, types, strict=True)]
+
+
+def _is_float(value: float) -> bool:
+    try:
+        float(value)
+    except OverflowError:  # an integer past any float
+        return False
+    return True
+
+
+def _same_job(of_job: str, job_id: str, cursor: str) -> None:
+    # A page of one job's list goes on only in that job's list: elsewhere its key would skip rows unseen.
+    if of_job != job_id:
+        raise PageError(f"cursor {cursor[:40]!r} pages another job's list, not {job_id[:200]!r}'s; "
+                        "start again from the first page (no cursor)")
 
 
 def _check_text_arg(value: object, what: str) -> str:
@@ -140,13 +161,14 @@ class JournalReads:
                 raise PageError(f"unknown row status {str(status)[:40]!r}; use one of {', '.join(Status.__members__)}")
             query, params = query + sql.ROWS_STATUS, [*params, str(status)]
         if cursor is not None:
-            after_item, after_created, after_step = _cursor_key(cursor, "rows", (str, float, str))
+            of_job, after_item, after_created, after_step = _cursor_key(cursor, "rows", (str, str, float, str))
+            _same_job(of_job, job_id, cursor)
             query += sql.ROWS_AFTER
             params += [after_item, after_item, after_created, after_created, after_step]
         found = self._page(query + sql.ROWS_ORDER, params, limit)
         records = [step_record(r) for r in found]
         last = found[-1] if found.more else None
-        return Page(records, None if last is None else _cursor("rows", last[1], last[12], last[2]))
+        return Page(records, None if last is None else _cursor("rows", job_id, last[1], last[12], last[2]))
 
     def held(self, job_id: str | None = None, *, limit: int | None = None, cursor: str | None = None) -> Page[HeldStep]:
         """Steps the runner held for a human, in one job or in all, by job, item and step.
@@ -170,6 +192,8 @@ class JournalReads:
             query, params = query + sql.HELD_JOB, [_check_text_arg(job_id, "job_id")]
         if cursor is not None:
             after_job, after_item, after_step = _cursor_key(cursor, "held", (str, str, str))
+            if job_id is not None:
+                _same_job(after_job, job_id, cursor)
             query += sql.HELD_AFTER
             params += [after_job, after_job, after_item, after_item, after_step]
         found = self._page(query + sql.HELD_ORDER, params, limit)
@@ -197,11 +221,12 @@ class JournalReads:
         query, params = sql.RESOLUTIONS, [_check_text_arg(job_id, "job_id")]
         kind = "resolutions-desc" if newest_first else "resolutions"
         if cursor is not None:
-            (after,) = _cursor_key(cursor, kind, (int,))
+            of_job, after = _cursor_key(cursor, kind, (str, int))
+            _same_job(of_job, job_id, cursor)
             query += sql.RESOLUTIONS_BEFORE if newest_first else sql.RESOLUTIONS_AFTER
             params.append(after)
         query += sql.RESOLUTIONS_NEWEST_FIRST if newest_first else sql.RESOLUTIONS_ORDER
         found = self._page(query, params, limit)
         records = [Resolution(int(r[0]), r[1], r[2], r[3], r[4], r[5], r[6], r[7], ts(r[8]), r[9], r[10])
                    for r in found]
-        return Page(records, _cursor(kind, records[-1].id) if found.more else None)
+        return Page(records, _cursor(kind, job_id, records[-1].id) if found.more else None)

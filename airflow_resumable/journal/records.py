@@ -55,6 +55,9 @@ MAX_DECISIONS = 10_000
 # (a DAG id, a task id and a run id); a step name is a Python identifier-ish label but who knows.
 MAX_ID_LENGTH = 1024
 MAX_JOB_ID_LENGTH = 64 * 1024
+# The longest cursor a journal gives (a held step's: job id, item id, step): base64 of their JSON, where a
+# character takes up to 6 bytes (a control character's \u0001 escape).
+MAX_CURSOR_LENGTH = 4 * (6 * (MAX_JOB_ID_LENGTH + 2 * MAX_ID_LENGTH) + 64) // 3 + 4
 MAX_NOTE_BYTES = 4 * 1024
 MAX_RECEIPT_BYTES = 64 * 1024
 MAX_PERSON_LENGTH = 1024  # resolved_by: a user name

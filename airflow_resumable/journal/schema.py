@@ -39,7 +39,9 @@ _VERSIONS = (
 # Version 7 (fleet scale): every job carries its own counts - items, rows per status, held rows, and
 # unresolved sends (side-effect rows neither SUCCEEDED nor held nor provably unsent) - kept by triggers
 # on steps in the very transaction that changes a row, whoever changes it (a run, a resolution, prune,
-# a hand-written statement). Reading a job's summary then reads no step rows. The migration counts
+# a hand-written statement - but not SQLite's INSERT OR REPLACE, which deletes the row it replaces
+# without firing the delete trigger: the journal never writes one). Reading a job's summary then reads
+# no step rows. The migration counts
 # once. The held index gains the step, the last part of the held list's order (its pages' key), and
 # jobs get an index for the jobs list's order (newest first: creation time never changes, so a page
 # boundary never moves while the list is paged).

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, HTTPException, Query
 
-from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH, MAX_PAGE
+from airflow_resumable.journal.records import MAX_CURSOR_LENGTH, MAX_PAGE
 from airflow_resumable.plugins.paths import with_query
 
 # ``?limit=`` asks for up to MAX_PAGE.
@@ -50,7 +50,7 @@ class Paging:
 def _cursor_text(value: str, what: str) -> str:
     # The journal's cursors are URL-safe base64 ('.' separates those of the trail); anything else is
     # refused here, before the journal is asked, with a message that does not repeat it.
-    if len(value) > 4 * MAX_JOB_ID_LENGTH or value.strip("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"):
+    if len(value) > MAX_CURSOR_LENGTH or value.strip("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"):
         raise HTTPException(status_code=400, detail=f"{what} is not one this page gave; start again from the first page")
     return value
 

@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow_resumable.exceptions import BatchStopped, InvalidItemError, InvalidStepOutputError, NotSentError
 from airflow_resumable.journal import HeldStep, StepJournal
+from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH
 from airflow_resumable.runner.batch import CHUNK_SIZE as CHUNK_SIZE
 from airflow_resumable.runner.batch import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
 from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepare
@@ -90,6 +91,8 @@ def run_batch(
     """
     if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
         raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
+    if len(job_id) > MAX_JOB_ID_LENGTH:  # no decision could name the job's held items
+        raise ValueError(f"job_id is {len(job_id)} characters; at most {MAX_JOB_ID_LENGTH}")
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
     check_concurrency(concurrency)

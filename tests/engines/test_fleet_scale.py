@@ -6,6 +6,7 @@ of change; pages are walked while other connections write, and every row that st
 
 from __future__ import annotations
 
+import base64
 import json
 import random
 import sqlite3
@@ -27,6 +28,7 @@ from airflow_resumable.journal import (
     migrate,
 )
 from airflow_resumable.journal import schema as journal_schema
+from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
 from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch
 from tests import backends
 from tests.scenario import held_job
@@ -295,6 +297,15 @@ def test_pages_are_the_whole_list_in_its_order(journal_location):
         assert len(last) == 7 and last.next_cursor is None
 
 
+def _b64(text: str) -> str:
+    return base64.urlsafe_b64encode(text.encode("utf-8", "surrogatepass")).decode("ascii").rstrip("=")
+
+
+def forged(kind: str, *key) -> str:
+    """A cursor as the journal writes them (base64 of its JSON), with any key: \\u escapes kept as written."""
+    return _b64(json.dumps([kind, *key], separators=(",", ":")))
+
+
 def paged(read):
     cursor = None
     while True:
@@ -314,6 +325,17 @@ def paged(read):
     lambda j: j.job("a\ud800"), lambda j: j.rows("a\x00b"), lambda j: j.rows(JOB, "a\ud800"),
     lambda j: j.held("a\ud800"), lambda j: j.held_rows("a\ud800"), lambda j: j.resolutions("a\ud800"),
     lambda j: j.has_job("a\ud800"), lambda j: j.open_rows("a\ud800"),
+    # Cursors no journal gave: values past what either engine compares, JSON nested past Python's
+    # limit, text with a lone surrogate or a NUL.
+    lambda j: j.jobs(limit=1, cursor=forged("jobs", 10**400, "x")),
+    lambda j: j.resolutions(f"{JOB}0", limit=1, cursor=forged("resolutions", f"{JOB}0", 10**30)),
+    lambda j: j.jobs(limit=1, cursor=_b64("[" * 5000 + "]" * 5000)),
+    lambda j: j.held(limit=1, cursor=forged("held", "\ud800", "a", "b")),
+    lambda j: j.rows(f"{JOB}0", limit=1, cursor=forged("rows", f"{JOB}0", "a\x00", 1.0, "send")),
+    # One job's cursor goes on only in its own list: in another's it would skip rows unseen.
+    lambda j: j.rows(f"{JOB}1", limit=1, cursor=forged("rows", f"{JOB}0", "a", 0.0, "send")),
+    lambda j: j.held(f"{JOB}1", limit=1, cursor=forged("held", f"{JOB}0", "a", "send")),
+    lambda j: j.resolutions(f"{JOB}1", limit=1, cursor=forged("resolutions", f"{JOB}0", 1)),
 ])
 def test_a_bad_page_request_is_refused_with_a_short_message(journal_location, call):
     with StepJournal(journal_location) as journal:
@@ -324,6 +346,22 @@ def test_a_bad_page_request_is_refused_with_a_short_message(journal_location, ca
             call(journal)
         assert len(str(info.value)) < 200 and isinstance(info.value, ValueError)
         assert backends.snapshot(journal_location) == before
+
+
+def test_the_cursors_of_the_longest_ids_go_on(tmp_path):
+    """Job ids as long as any may be (and item ids too), of characters that take the most room in a cursor:
+    every list still pages through them with its own cursors. (SQLite: PostgreSQL's btree index holds no
+    key of more than about 2.7 KB, whatever the journal allows.)"""
+    long_jobs = ["日" * MAX_JOB_ID_LENGTH, "\x01" * MAX_JOB_ID_LENGTH]
+    items = [{"id": "\x01" * (MAX_ID_LENGTH - 1) + end} for end in "ab"]
+    with StepJournal(str(tmp_path / "journal.sqlite3")) as journal:
+        for job_id in long_jobs:
+            run(journal, job_id, items, sending([], fail={i["id"] for i in items}))
+        assert sorted(j.job_id for j in paged(lambda c: journal.jobs(limit=1, cursor=c))) == sorted(long_jobs)
+        assert len(list(paged(lambda c: journal.held(limit=1, cursor=c)))) == 4
+        for job_id in long_jobs:
+            assert len(list(paged(lambda c, job_id=job_id: journal.rows(job_id, limit=1, cursor=c)))) == 4
+            assert len(list(paged(lambda c, job_id=job_id: journal.held_rows(job_id, limit=1, cursor=c)))) == 2
 
 
 # ------------------------------------------------------------------------------------------- prune
