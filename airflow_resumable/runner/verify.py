@@ -7,10 +7,11 @@ A run asks when the decision table says verify (:class:`~airflow_resumable.runne
 
 from __future__ import annotations
 
-import json
 import logging
 
-from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
+from airflow_resumable.journal import HeldReason, HeldStep, ResolutionError, Status, StepJournal
+from airflow_resumable.journal.checks import check_text
+from airflow_resumable.journal.records import MAX_RECEIPT_BYTES
 from airflow_resumable.runner.steps import NOT_DELIVERED, StepContext, VerifyFn, _NotDelivered, idempotency_key
 
 # The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
@@ -22,7 +23,12 @@ VERIFY_RESOLVER = "verify"
 
 def _ask_receiver(verify: VerifyFn | None, ctx: StepContext) -> str | _NotDelivered | None:
     """What ``verify`` says of a send: its receipt, NOT_DELIVERED, or None (cannot tell: there is no
-    verify function, it raised, or it answered an empty receipt)."""
+    verify function, it raised, or it answered no receipt the journal could keep as one).
+
+    A receipt is text: ``False``, ``0``, ``{}`` or a record object are no evidence that the receiver has
+    the send (a look-up answering "not found" as False must never settle it as delivered), and text the
+    journal cannot keep (NUL, a lone surrogate, over 64 KiB) would be refused when recorded.
+    """
     if verify is None:
         return None
     try:
@@ -32,8 +38,19 @@ def _ask_receiver(verify: VerifyFn | None, ctx: StepContext) -> str | _NotDelive
         return None
     if receipt is None or receipt is NOT_DELIVERED:
         return receipt
-    receipt = receipt if isinstance(receipt, str) else json.dumps(receipt)
-    return receipt if receipt.strip() else None
+    if not isinstance(receipt, str):
+        log.warning("item %s: verify of %s answered a %s, not a receipt (text), NOT_DELIVERED or None; holding it",
+                    ctx.item_id, ctx.step, type(receipt).__name__)
+        return None
+    if not receipt.strip():
+        return None
+    try:
+        check_text(receipt, "receipt", max_bytes=MAX_RECEIPT_BYTES)
+    except ResolutionError as exc:
+        log.warning("item %s: verify of %s answered a receipt the journal cannot keep (%s); holding it",
+                    ctx.item_id, ctx.step, exc)
+        return None
+    return receipt
 
 
 def verify_held(

@@ -4,6 +4,8 @@ journal and on a PostgreSQL one."""
 
 from __future__ import annotations
 
+import datetime
+
 import pytest
 
 from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
@@ -75,6 +77,33 @@ def test_none_still_holds_and_a_receipt_still_settles_without_a_send(journal_loc
                                                       verify=receiver.lookup)])
         assert unsure.held == [HeldStep(JOB, "c", "notify", HeldReason.UNKNOWN_OUTCOME)]
         assert idempotency_key(JOB, "c", "notify") not in receiver.delivered and journal.resolutions(JOB) == []
+
+
+# Answers that are no receipt: a look-up saying "not found" as False (or 0, {}, []), a record object,
+# bytes, and text the journal could not keep as a receipt.
+NOT_RECEIPTS = [False, True, 0, 17, {}, [], {"found": True}, b"rcpt", datetime.datetime(2026, 12, 5), "a\x00b",
+                "r" * (64 * 1024 + 1)]
+
+
+@pytest.mark.parametrize("answer", NOT_RECEIPTS, ids=lambda a: type(a).__name__)
+def test_an_answer_that_is_no_receipt_holds_and_never_settles(journal_location, answer):
+    """Only text settles a send as delivered: the item the receiver never got is held for a human (in a
+    run and in verify_held), never marked SUCCEEDED and never sent; verify_held goes on to the next."""
+    receiver = Receiver()
+    with StepJournal(journal_location) as journal:
+        fail_once_at(journal, receiver, "b")
+        receiver.refuse.add("c")  # c's send gets no reply this time
+        with pytest.raises(TimeoutError):
+            run_batch(journal, JOB, ITEMS, [Step("notify", receiver.send, side_effect=True, verify=lambda ctx: answer)])
+        assert journal.held(JOB) == [HeldStep(JOB, "b", "notify", HeldReason.UNKNOWN_OUTCOME)]
+        (row,) = journal.rows(JOB, "b")
+        assert (row.status, row.receipt) == (Status.FAILED, None)
+
+        receiver.delivered[idempotency_key(JOB, "c", "notify")] = 1  # c did arrive; its reply was lost
+        settled = verify_held(journal, JOB, lambda ctx: answer if ctx.item_id == "b" else receiver.lookup(ctx))
+        assert [s.item_id for s in settled] == ["c"]  # b's answer holds b; c's receipt still settles c
+        assert journal.held(JOB)[0].item_id == "b" and [r.item_id for r in journal.resolutions(JOB)] == ["c"]
+    assert idempotency_key(JOB, "b", "notify") not in receiver.delivered
 
 
 def test_verify_held_resolves_not_delivered_so_the_next_run_sends_once(journal_location):
