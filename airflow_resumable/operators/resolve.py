@@ -113,10 +113,21 @@ class ResolveOperator(BaseOperator):
                 )
 
 
+_CONF_ONLY_FIELDS = frozenset({"resolved_by", "resolutions"})
+
+
 def _conf(context: Context) -> dict[str, Any]:
     raw: Mapping[str, Any] = dict(context.get("params") or {})
     dag_run = context.get("dag_run")
     run_conf = getattr(dag_run, "conf", None) or {}
+    # A field this DAG does not know would be dropped without a word: a decision's version given as
+    # "expected_version" (the CLI's and the Python API's name) would make a decision on what was seen
+    # an unconditional one.
+    unknown = sorted(str(k) for k in run_conf if k not in ENTRY_FIELDS | _CONF_ONLY_FIELDS | set(raw))
+    if unknown:
+        shown = ", ".join(repr(name[:40]) for name in unknown[:5])
+        raise ResolutionRefused(f"unknown field(s) in the conf: {shown}; use {', '.join(sorted(ENTRY_FIELDS))}, "
+                                "resolved_by or resolutions (the version a person saw is 'version')")
     merged = {**raw, **run_conf}
     for name in _STRING_FIELDS:
         value = merged.get(name)

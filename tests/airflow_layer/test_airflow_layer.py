@@ -450,6 +450,20 @@ def test_the_resolve_task_decides_on_the_version_it_is_given(journal_location, m
             ("a", "not_delivered", "carol"), ("a", "delivered", "alice"), ("c", "not_delivered", "alice")]
 
 
+@pytest.mark.parametrize("field", ["expected_version", "versoin", "colour"])
+def test_a_conf_field_the_resolve_dag_does_not_know_is_refused_not_dropped(journal_location, monkeypatch, field):
+    """A version given under the API's name (expected_version) was dropped: the decision on what a person
+    saw became unconditional and was applied to a row held since."""
+    from airflow_resumable.operators.resolve import ResolutionRefused
+
+    seen_a = held_again(journal_location)
+    before = journal_state(journal_location, "j")
+    decision = {"job_id": "j", "item_id": "a", "step": "notify", "decision": "not_delivered", field: seen_a}
+    with pytest.raises(ResolutionRefused, match=f"^unknown field\\(s\\) in the conf: '{field}'; use .*'version'"):
+        resolve_task(journal_location, monkeypatch, **decision)
+    assert journal_state(journal_location, "j") == before
+
+
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
