@@ -38,10 +38,10 @@ def _visible_jobs(
 ) -> Page[JobSummary]:
     """One page of the jobs the viewer may read, newest first.
 
-    A viewer of some DAGs only gets the readable jobs among the journal's pages, read on until the page
-    is full or the list ends. Each read asks for exactly as many jobs as the page still lacks, so a full
-    page ends at a readable job and its next cursor (the journal's, of the last job read) names only a
-    job the viewer may see; a page that is not full is the last. Every request moves on, so paging ends.
+    A viewer of some DAGs only gets the readable jobs among the journal's pages, read a full page at a
+    time until the page is full or the list ends. The next cursor (the journal's) must name the last job
+    shown: when the page fills before a read ends, that read is made again up to its last shown job, which
+    the journal's cursor then names. So a page costs a read per page of jobs passed over, plus one.
     """
     if journal is None or (dag_id is not None and dag_id not in viewer.allowed("GET", [dag_id])):
         return Page()
@@ -51,13 +51,16 @@ def _visible_jobs(
         shown: list[JobSummary] = []
         cursor = paging.cursor
         while True:
-            read = journal.jobs(limit=paging.limit - len(shown), cursor=cursor, status=status, dag_id=dag_id)
+            read = journal.jobs(limit=paging.limit, cursor=cursor, status=status, dag_id=dag_id)
             readable = viewer.allowed("GET", {j.dag_id for j in read})
+            positions = [n for n, j in enumerate(read) if j.dag_id in readable]
+            wanted = paging.limit - len(shown)
+            if len(positions) >= wanted and positions[wanted - 1] < len(read) - 1:
+                read = journal.jobs(limit=positions[wanted - 1] + 1, cursor=cursor, status=status, dag_id=dag_id)
+                readable = viewer.allowed("GET", {j.dag_id for j in read})
             shown += [j for j in read if j.dag_id in readable]
             cursor = read.next_cursor
-            if cursor is None:
-                return Page(shown)
-            if len(shown) == paging.limit:
+            if cursor is None or len(shown) >= paging.limit:
                 return Page(shown, cursor)
 
 
