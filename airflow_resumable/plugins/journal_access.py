@@ -37,7 +37,12 @@ def open_journal(*, readonly: bool = True) -> Iterator[StepJournal | None]:
         # The type only: journal messages name paths and are meant for the worker's log.
         raise HTTPException(status_code=503, detail=f"the journal cannot be read ({type(exc).__name__})") from None
     with journal:
-        yield journal
+        try:
+            yield journal
+        except JournalError as exc:  # one the page did not answer itself: locked past the busy timeout, lost
+            raise HTTPException(status_code=503, detail=(
+                f"the journal failed ({type(exc).__name__}); reload and look again - a decision is applied "
+                "only to the version you saw")) from None
 
 
 def job_dict(job: JobSummary) -> dict[str, Any]:
