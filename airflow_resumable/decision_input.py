@@ -130,6 +130,8 @@ def _json_entries(text: str, source: str) -> list[Any]:
             f"{source}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg}); expected a list of "
             "decisions"
         ) from None
+    except ValueError:  # Python's own limit on a number's digits (4,300): no decision holds such a number
+        raise DecisionInputError(f"{source}: a number in it has too many digits; expected a list of decisions") from None
     except RecursionError:  # the depth check above should make this unreachable; never a traceback
         raise DecisionInputError(f"{source}: JSON nested too deeply; expected a list of flat objects") from None
     if not isinstance(entries, list):

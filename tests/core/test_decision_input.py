@@ -63,6 +63,11 @@ def test_json_nested_past_the_limit_is_refused_without_running_out_of_stack(dept
     refused(('[{"note": ' + "{\"x\": " * depth + "1" + "}" * depth + "}]").encode(), "nested")
 
 
+def test_a_number_past_pythons_digit_limit_is_refused_not_a_traceback():
+    refused(('[{"job_id": "j", "item_id": "a", "decision": "not_delivered", "note": ' + "9" * 5000 + "}]").encode(),
+            "a number in it has too many digits")
+
+
 def test_json_up_to_the_limit_and_brackets_inside_strings_are_read():
     nested = "[" * (MAX_JSON_DEPTH - 2) + "]" * (MAX_JSON_DEPTH - 2)  # in a list in an object in the list
     note = '[[[[{{{{ \\" [[[[ ' * 50  # brackets and escaped quotes inside a string count for nothing
