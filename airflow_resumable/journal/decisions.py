@@ -19,7 +19,15 @@ from airflow_resumable.journal.checks import (
     check_version,
 )
 from airflow_resumable.journal.errors import JobBusyError, NotHeldError, ResolutionError, StaleDecisionError
-from airflow_resumable.journal.records import MAX_DECISIONS, HeldReason, Resolution, Status, ts, version_text
+from airflow_resumable.journal.records import (
+    MAX_DECISION_JOBS,
+    MAX_DECISIONS,
+    HeldReason,
+    Resolution,
+    Status,
+    ts,
+    version_text,
+)
 
 __all__ = ["JournalDecisions"]
 
@@ -199,6 +207,9 @@ class JournalDecisions:
                 raise ResolutionError(f"entry {n}: the same step as entry {seen[target]}; give one decision per step")
             seen[target] = n
         jobs = sorted({entry.job_id for entry in checked})
+        if len(jobs) > MAX_DECISION_JOBS:
+            raise ResolutionError(f"decisions about {len(jobs)} jobs in one list; at most {MAX_DECISION_JOBS} (each "
+                                  "job is claimed until all are applied): split the list by job")
         with contextlib.ExitStack() as quiet:
             for job_id in jobs:  # in one order, so two bulk calls never wait on each other crosswise
                 quiet.enter_context(self.deciding(job_id))

@@ -49,6 +49,9 @@ DECISIONS = tuple(d for pair in DECISIONS_BY_REASON.values() for d in pair)
 # One entry of a bulk resolution (StepJournal.apply_decisions), and how many one call may carry.
 ENTRY_FIELDS = frozenset({"job_id", "item_id", "step", "decision", "receipt", "note", "version"})
 MAX_DECISIONS = 10_000
+# Jobs one list of decisions may name: each job's claim is held until the whole list is applied (on
+# SQLite an open lock file each, and a worker's limit on open files is often 1,024).
+MAX_DECISION_JOBS = 500
 
 # Limits of what a decision may carry, on every surface (the core refuses past them, with the same
 # message whichever surface it came through). Item ids as the runner takes them; a job id may be longer

@@ -11,6 +11,7 @@ import pytest
 
 from airflow_resumable.journal import NotHeldError, ResolutionError, StepJournal
 from airflow_resumable.runner import Step, idempotency_key, run_batch
+from tests import backends
 from tests.faces.test_cli import cli, snapshot
 
 JOB = "bulk/job"
@@ -181,3 +182,31 @@ def test_an_item_held_twice_is_settled_whatever_the_order_of_its_decisions(journ
         assert run_batch(journal, JOB, [{"id": "a", "v": 2}], steps).status == "completed"
         (row,) = [r for r in journal.rows(JOB) if r.step == "notify"]
         assert row.generation == 1 and sent[1:] == [(idempotency_key(JOB, "a", "notify", 1), 2)]  # once, new key
+
+
+def test_a_list_naming_more_jobs_than_it_may_claim_at_once_is_refused_before_any_claim(journal_location):
+    entries = [{"job_id": f"job-{n:04d}", "item_id": "a", "step": "notify", "decision": "not_delivered"}
+               for n in range(501)]
+    with StepJournal(journal_location) as journal:
+        run_batch(journal, "job-0000", [{"id": "a"}], [Step("notify", lambda item, ctx: "r", side_effect=True)])
+        before = backends.snapshot(journal_location)
+        with pytest.raises(ResolutionError, match=r"^decisions about 501 jobs in one list; at most 500 .*split"):
+            journal.apply_decisions(entries, resolved_by="alice")
+        assert backends.snapshot(journal_location) == before
+
+
+def test_a_list_of_as_many_jobs_as_it_may_name_fits_a_worker_limit_of_1024_open_files(journal_location):
+    """Each named job is claimed until the list is applied (on SQLite an open lock file each): 500 jobs
+    under a worker's usual limit of 1,024 open files are answered, not an OSError."""
+    import resource
+
+    entries = [{"job_id": f"job-{n:04d}", "item_id": "a", "step": "notify", "decision": "not_delivered"}
+               for n in range(500)]
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    with StepJournal(journal_location) as journal:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(1024, hard), hard))
+        try:
+            with pytest.raises(NotHeldError, match="^entry 1: unknown job 'job-0000'"):
+                journal.apply_decisions(entries, resolved_by="alice")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
