@@ -248,6 +248,20 @@ def test_a_resolve_form_posted_after_its_step_changed_is_refused_with_409_and_ch
     assert status == 200 and answer["decision"] == "delivered", answer
 
 
+def test_the_resolve_form_posts_an_items_id_with_line_breaks_as_it_is(page):
+    """A text field's value drops an id's line breaks: the form posts the ids it shows from JSON."""
+    job, item = "payments/send/line-breaks", "line\r\nbreak\n"
+    versions = held_job(page.journal, job, [item], dag_id="payments")
+    html = resolve_form(page, job, item)
+    match = re.search(r"data-step-ids='([^']*)'", html)
+    assert match, html
+    ids = json.loads(unescape(match.group(1)))
+    assert ids == {"job_id": job, "item_id": item, "step": "send"}
+    status, answer = page.post("/api/resolve", {**ids, "decision": "delivered", "receipt": "rcpt-lines",
+                                                "note": "", "version": shown_version(html)})
+    assert status == 200 and answer["item_id"] == item and versions[item], answer
+
+
 def test_resolve_several_with_one_stale_entry_applies_none(page):
     job = "payments/send/stale-several"
     held_job(page.journal, job, ["a", "b"], dag_id="payments")
