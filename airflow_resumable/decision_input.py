@@ -26,15 +26,11 @@ from typing import Any
 
 from airflow_resumable.exceptions import DecisionInputError
 from airflow_resumable.journal.checks import text_problem
-from airflow_resumable.journal.records import ENTRY_FIELDS, HeldStep, version_text
+from airflow_resumable.journal.records import ENTRY_FIELDS, SHORT_VERSION_LENGTH, HeldStep
 
 # A decision list is two levels deep (a list of objects). Past this, the file is not a decision list,
 # and Python's JSON parser would run out of stack on it long before the journal could say so.
 MAX_JSON_DEPTH = 32
-# How much of a version the CLI's tables print, and the least a person may type back: 8 hex digits make
-# an accidental match with the row's next version a 1-in-4-billion chance. ``held --json`` prints it whole.
-SHORT_VERSION_LENGTH = 8
-FULL_VERSION_LENGTH = len(version_text(0, 0.0))
 # What ``held --json`` prints beside the decision's own fields: there for people to read, dropped when
 # the list comes back as decisions.
 HELD_JSON_FIELDS = frozenset(f.name for f in dataclasses.fields(HeldStep)) | {"idempotency_key"}
@@ -67,20 +63,6 @@ def check_version(value: str, what: str = "version") -> str:
 def short_version(version: str) -> str:
     """The form tables print: the first :data:`SHORT_VERSION_LENGTH` characters."""
     return version[:SHORT_VERSION_LENGTH]
-
-
-def is_short_version(given: str) -> bool:
-    """Whether ``given`` is (or may be) the short form a table shows, to be completed from the row."""
-    return SHORT_VERSION_LENGTH <= len(given) < FULL_VERSION_LENGTH
-
-
-def full_version(given: str, current: str | None) -> str:
-    """The version to decide on, from what a person typed and the row's ``current`` one (None: no
-    such row). A short form that starts the current version stands for it; anything else is passed on
-    as given, for the journal to refuse as changed since (or to refuse the row)."""
-    if current is not None and is_short_version(given) and current.startswith(given):
-        return current
-    return given
 
 
 def read_decisions(data: bytes, source: str) -> list[Any]:

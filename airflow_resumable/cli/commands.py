@@ -18,9 +18,8 @@ from typing import Any
 
 from airflow_resumable.cli.output import emit, plain, printable, write_csv, write_json_list
 from airflow_resumable.cli.paging import each, listing, say_more
-from airflow_resumable.decision_input import full_version, is_short_version
 from airflow_resumable.exceptions import JournalError
-from airflow_resumable.journal import DECISIONS_BY_REASON, SCHEMA_VERSION, HeldReason, StepJournal, is_postgres_url, migrate
+from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, is_postgres_url, migrate
 
 READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
 # What a table shows of a decision just applied (resolve, resolve --file, resolve-input).
@@ -112,18 +111,17 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "version", "idempotency_key"])
         say_more(out, page)
     elif args.command == "resolve" and args.file:
-        resolutions = journal.apply_decisions(_with_full_versions(journal, args.entries), resolved_by=who)
+        resolutions = journal.apply_decisions(args.entries, resolved_by=who)
         emit(out, args.json, resolutions, RESOLUTION_COLUMNS)
     elif args.command == "resolve":
         resolution = journal.resolve(
             args.job_id, args.item_id, args.step, delivered=args.delivered, receipt=args.receipt, resolved_by=who,
-            note=args.note, expected_version=_expected(journal, args.expected_version, args.job_id, args.item_id,
-                                                       args.step))
+            note=args.note, expected_version=args.expected_version)
         emit(out, args.json, resolution, RESOLUTION_COLUMNS)
     elif args.command == "resolve-input":
         resolution = journal.resolve_input_change(
             args.job_id, args.item_id, use_new_input=args.use_new, resolved_by=who, note=args.note,
-            expected_version=_expected(journal, args.expected_version, args.job_id, args.item_id, None))
+            expected_version=args.expected_version)
         emit(out, args.json, resolution, RESOLUTION_COLUMNS)
     elif args.command == "audit":
         emit(out, args.json, journal.resolutions(args.job_id),
@@ -141,42 +139,3 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         else:
             write_csv(out, exported)
     return 0
-
-
-# -- decisions carry the version of what was seen ------------------------------------------------------
-# A table shows a version's first characters; a decision typed from it is completed here from the row,
-# and the journal refuses it if the row changed since.
-
-
-def _current_version(journal: StepJournal, job_id: str, item_id: str, step: str | None) -> str | None:
-    """The version of the row a decision is about: the step's (a send's outcome), or the item's
-    input-change hold (``step`` None); None if there is no such row."""
-    for row in journal.rows(job_id, item_id):
-        if (row.step == step) if step is not None else (row.held_reason == HeldReason.INPUT_CHANGED):
-            return row.version
-    return None
-
-
-def _expected(journal: StepJournal, given: str | None, job_id: str, item_id: str, step: str | None) -> str | None:
-    """The version a decision carries: the short form a table shows stands for the row's current version
-    when it starts it; anything else goes to the journal as given (a changed row is refused there)."""
-    if given is None or not is_short_version(given):
-        return given
-    return full_version(given, _current_version(journal, job_id, item_id, step))
-
-
-def _with_full_versions(journal: StepJournal, entries: list[Any]) -> list[Any]:
-    """``resolve --file`` entries, each short-form version completed as :func:`_expected` does. An entry
-    that names no row clearly is left as it is, for the journal to refuse."""
-    completed = []
-    for entry in entries:
-        version = entry.get("version") if isinstance(entry, dict) else None
-        if isinstance(version, str) and is_short_version(version):
-            job_id, item_id, step, decision = (entry.get(f) for f in ("job_id", "item_id", "step", "decision"))
-            named = isinstance(job_id, str) and isinstance(item_id, str)
-            if named and decision in DECISIONS_BY_REASON[HeldReason.UNKNOWN_OUTCOME] and isinstance(step, str):
-                entry = {**entry, "version": _expected(journal, version, job_id, item_id, step)}
-            elif named and decision in DECISIONS_BY_REASON[HeldReason.INPUT_CHANGED]:  # about the item's hold
-                entry = {**entry, "version": _expected(journal, version, job_id, item_id, None)}
-        completed.append(entry)
-    return completed

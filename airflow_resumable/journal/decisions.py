@@ -26,6 +26,7 @@ from airflow_resumable.journal.records import (
     Resolution,
     Status,
     ts,
+    version_matches,
     version_text,
 )
 
@@ -98,7 +99,7 @@ class JournalDecisions:
             raise self._no_such_row(tx, job_id, item_id, step)
         side_effect, status, held_reason, not_sent, counter, created_at, attempts, generation = found
         version = version_text(counter, created_at)
-        if expected_version is not None and expected_version != version:
+        if expected_version is not None and not version_matches(expected_version, version):
             now_is = (f"{status}" + (f", held ({held_reason})" if held_reason else ", not held")
                       + (", provably not sent (the next run sends it)" if not_sent else "")
                       + f", after {attempts} attempt(s), key generation {generation}")
@@ -158,7 +159,7 @@ class JournalDecisions:
             raise missing
         step, status, new_digest, counter, created_at = found
         version = version_text(counter, created_at)
-        if expected_version is not None and expected_version != version:
+        if expected_version is not None and not version_matches(expected_version, version):
             raise _stale(job_id, item_id, step, expected_version,
                          f"{status}, held for another input change than the one looked at")
         now = time.time()

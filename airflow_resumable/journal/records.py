@@ -194,6 +194,17 @@ def ts(value: float) -> datetime:
     return datetime.fromtimestamp(float(value), tz=timezone.utc)
 
 
+# How much of a version tables print, and the least a decision may carry: 8 hex digits make an accidental
+# match with the row's next version a 1-in-4-billion chance. ``held --json`` prints it whole.
+SHORT_VERSION_LENGTH = 8
+
+
+def version_matches(seen: str, version: str) -> bool:
+    """Whether a decision made on ``seen`` (a whole version, or the short form a table shows) is about the
+    row whose version is ``version`` now."""
+    return seen == version or (SHORT_VERSION_LENGTH <= len(seen) < len(version) and version.startswith(seen))
+
+
 def version_text(counter: Any, created_at: Any) -> str:
     """A step row's version as people and surfaces see it: opaque, 16 hex digits.
 

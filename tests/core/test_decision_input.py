@@ -14,11 +14,11 @@ from airflow_resumable.decision_input import (
     DecisionInputError,
     check_text,
     check_version,
-    full_version,
     read_decisions,
     short_version,
 )
 from airflow_resumable.journal import ResolutionError
+from airflow_resumable.journal.records import version_matches
 
 BOM = b"\xef\xbb\xbf"
 ENTRY = {"job_id": "j", "item_id": "b", "step": "notify", "decision": "not_delivered"}
@@ -132,11 +132,10 @@ def test_a_version_is_given_whole_or_as_the_short_form_tables_show():
     with pytest.raises(DecisionInputError, match="too short.*at least its first 8 characters"):
         check_version("6c638f9")
     refused(json.dumps([{**ENTRY, "version": "6c63"}]).encode(), "entry 1: version", "too short")
-    assert full_version("6c638f9c", version) == version  # it starts the row's version: it stands for it
-    assert full_version("6c638f9c24", version) == version
-    assert full_version("0211fe90", version) == "0211fe90"  # another: the journal refuses it as changed
-    assert full_version("6c638f9c", None) == "6c638f9c"  # no such row: the journal says so
-    assert full_version(version, "0211fe9001efd273") == version
+    assert version_matches("6c638f9c", version)  # it starts the row's version: it stands for it
+    assert version_matches("6c638f9c24", version) and version_matches(version, version)
+    assert not version_matches("0211fe90", version)  # another: the journal refuses it as changed
+    assert not version_matches("6c638f9", version) and not version_matches(version + "0", version)
 
 
 def test_an_argument_whose_bytes_were_not_utf8_is_refused_naming_it():
