@@ -116,8 +116,7 @@ def refused_run(journal: StepJournal, journal_path: Path, rec: Recorder, items: 
 
 
 @pytest.mark.parametrize("job_id", ["", "   ", None, 7, "job\x00with-nul", "lone-\ud800-surrogate",
-                                    "j" * (64 * 1024 + 1),  # longer than any decision may name
-                                    "dag/task/line\nbreak", "tab\tbed", "trailing-newline\n"])
+                                    "j" * (64 * 1024 + 1)])  # longer than any decision may name
 def test_empty_or_non_string_job_id_is_refused(journal, journal_path, seeded, job_id):
     before = snapshot(journal_path)
     with pytest.raises(ValueError, match="job_id"):
