@@ -23,6 +23,9 @@ DEFAULT_RELATIVE_PATH = Path("resumable") / "journal.sqlite3"
 SUMMARY_XCOM_KEY = "resumable_summary"
 RESOLVE_DAG_ID = "resolve_held_item"  # the shipped resolve DAG (dags/resolve_held_item.py)
 STATE_STORE_KEY = "resumable_journal"
+# Set by every try before it opens its journal: a later try that finds it, and no journal recorded under
+# STATE_STORE_KEY, knows an earlier try started and never got as far as sending.
+STARTED_STORE_KEY = "resumable_try_started"
 POSTGRES_CONN_TYPES = ("postgres", "postgresql")
 # libpq options an Airflow Postgres connection may carry in its extra (TLS, timeouts, routing).
 LIBPQ_EXTRA_OPTIONS = (

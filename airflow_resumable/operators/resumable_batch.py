@@ -22,6 +22,7 @@ from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.exceptions import ResumableError
 from airflow_resumable.hooks.journal import (
     RESOLVE_DAG_ID,
+    STARTED_STORE_KEY,
     STATE_STORE_KEY,
     SUMMARY_XCOM_KEY,
     JournalTarget,
@@ -210,8 +211,12 @@ class ResumableBatchOperator(BaseOperator):
         hostname = getattr(context["ti"], "hostname", None) or socket.gethostname()
         # Set by on_kill; made here, not in __init__: Airflow may deep-copy the operator before it runs.
         self._stop = threading.Event()
+        store = context.get("task_state_store")
+        started_before = store is not None and store.get(STARTED_STORE_KEY) is not None
+        if store is not None:
+            store_forever(store, STARTED_STORE_KEY, {"try": context["ti"].try_number, "host": hostname})
         with self._open_journal() as journal:
-            self._guard_worker(context, journal, job_id, hostname)
+            self._guard_worker(context, journal, job_id, hostname, started_before=started_before)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
             self._last_progress: BatchProgress | None = None
             try:
@@ -247,12 +252,14 @@ class ResumableBatchOperator(BaseOperator):
             raise held_items_error(result, self.steps)
         return summary
 
-    def _guard_worker(self, context: Context, journal: StepJournal, job_id: str, hostname: str) -> None:
+    def _guard_worker(
+        self, context: Context, journal: StepJournal, job_id: str, hostname: str, *, started_before: bool,
+    ) -> None:
         """Refuse to run a job whose journal is not this one (it would re-send everything).
 
         A worker-local journal: a retry on another worker is refused. A shared journal: any worker
         resumes; a try configured with a *different* journal than the one that holds the job is
-        refused all the same.
+        refused all the same. ``started_before``: an earlier try left its start in the task state store.
         """
         shared = journal.shared
         here = {"host": hostname, "journal": journal.location, "journal_id": journal.journal_id, "shared": shared}
@@ -270,10 +277,14 @@ class ResumableBatchOperator(BaseOperator):
                     f"this job's journal is on host {recorded.get('host')!r} at {where}, "
                     f"but this try runs on {hostname!r} with journal {journal.location}"
                 )
-        elif store is None and not shared and ti.try_number > 1 and not journal.has_job(job_id):
-            # Without task_state_store (Airflow < 3.3) a journal that never saw the job is all there
-            # is to go on. With it, no record means no earlier try got past this guard, and every
-            # try records its journal here before its first send: nothing was sent anywhere.
+        elif started_before:
+            # An earlier try started (it says so) and recorded no journal: it never got past this guard,
+            # and every try records its journal before its first send. Nothing was sent anywhere.
+            danger = None
+        elif not shared and ti.try_number > 1 and not journal.has_job(job_id):
+            # Nothing in the store: Airflow < 3.3, or Airflow dropped this task's state ([state_store]
+            # clear_on_success, on a success or a "mark success"; a first try on an older Airflow). A
+            # journal that never saw the job is then all there is to go on.
             danger = (
                 f"this is try {ti.try_number}, but the journal {journal.location} on {hostname!r} has never "
                 "seen this job: earlier tries ran on another worker or the journal was removed"
@@ -281,6 +292,8 @@ class ResumableBatchOperator(BaseOperator):
         else:
             danger = None
         if danger and not self.start_afresh:
+            if store is not None and not started_before:
+                store.delete(STARTED_STORE_KEY)  # this try never got past the guard either: it says nothing
             advice = (
                 "Point journal_conn_id (or [resumable] journal_conn_id) back at the journal that holds the job"
                 if isinstance(recorded, dict) and recorded.get("shared") else

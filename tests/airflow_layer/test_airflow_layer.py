@@ -224,6 +224,23 @@ def test_wrong_worker_guard_refuses_and_sends_nothing(airflow):
     assert sorted(counts) == ALL_ITEMS[:10] and set(counts.values()) == {1}
 
 
+def test_a_clear_on_another_worker_is_refused_after_airflow_dropped_the_tasks_state(airflow):
+    """[state_store] clear_on_success drops what try 1 recorded of its journal when it succeeds. A Clear
+    that then runs on another worker (here: the first worker's journal is gone) is refused: it sent every
+    item again."""
+    airflow.env["AIRFLOW__STATE_STORE__CLEAR_ON_SUCCESS"] = "True"
+    assert airflow.dags_test("article_verify").returncode == 0, output(airflow)
+    run_id = airflow.last_run_id("article_verify")
+    before = receiver(airflow).counts()
+    assert sorted(before) == ALL_ITEMS
+    airflow.journal.parent.rename(airflow.journal.parent.with_name("first-worker"))  # this worker: no journal
+    assert airflow.run("tasks", "clear", "article_verify", "-t", "send", "-y").returncode == 0, output(airflow)
+    assert airflow.rerun("article_verify", run_id).returncode != 0
+    log = output(airflow)
+    assert "has never seen this job" in log and "Nothing was sent" in log and "start_afresh" in log
+    assert receiver(airflow).counts() == before
+
+
 def test_wrong_worker_opt_in_starts_afresh(airflow):
     arm(airflow, "item-011", "lose_journal")
     assert airflow.dags_test("article_wrong_worker_afresh").returncode == 0, output(airflow)
