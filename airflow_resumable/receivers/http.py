@@ -54,6 +54,15 @@ def _json_object(response: requests.Response) -> bool:
         return False
 
 
+def _no_receipt_named(response: requests.Response, field: str) -> bool:
+    """Whether the reply is a JSON object whose ``field`` is there and null: the look-up's "no such key"."""
+    try:
+        body = response.json()
+    except ValueError:
+        return False
+    return isinstance(body, dict) and field in body and body[field] is None
+
+
 def _receipt_in(response: requests.Response, field: str) -> str | None:
     """The receipt a 2xx reply names in ``field``, as text; None when it names none: the field is
     missing, null, false, empty or blank, or the body is not a JSON object (a login page, a 204, a
@@ -82,8 +91,9 @@ class HttpReceiver:
     :param receipt_field: field of the JSON reply holding the receipt.
     :param timeout: seconds for connect + read.
     :param lookup_authoritative: the receiver records a delivery before it answers it, so a 404 from
-        the look-up means "never got it": ``verify`` then answers ``NOT_DELIVERED`` and the runner
-        sends once now instead of holding. Default: the connection's extra ``lookup_authoritative``
+        the look-up whose JSON body names ``receipt_field`` as null means "never got it": ``verify`` then
+        answers ``NOT_DELIVERED`` and the runner sends once now instead of holding (any other 404 - a
+        wrong path, a proxy's page - is "cannot tell"). Default: the connection's extra ``lookup_authoritative``
         (``true``/``false``), else False - many receivers record asynchronously, and for them a 404
         only means "cannot tell".
     """
@@ -170,8 +180,10 @@ class HttpReceiver:
         if 300 <= response.status_code < 400:
             return None  # a redirect is no answer about the key: cannot tell, hold
         if response.status_code == 404:
-            # Authoritative: never got it, send once now. Otherwise: cannot tell, hold.
-            return NOT_DELIVERED if self.lookup_authoritative else None
+            # Authoritative: never got it, send once now - but only the receiver's own answer about the key
+            # (a JSON object naming the receipt field, with none): a 404 of a wrong path or a proxy's page
+            # says nothing about the key. Otherwise: cannot tell, hold.
+            return NOT_DELIVERED if self.lookup_authoritative and _no_receipt_named(response, self.receipt_field) else None
         if response.status_code >= 400:
             raise ReceiverError(response.status_code)  # the runner holds the step: unknown outcome
         # A 2xx without a receipt does not say what it found (a generic page, a 200 for anything):

@@ -146,6 +146,29 @@ def test_http_verify_answers_not_delivered_only_for_an_authoritative_lookup(rece
     assert stats["duplicates"] == 0 and stats["items"] == (10 if extra else 9)
 
 
+@pytest.mark.parametrize("lookup_endpoint", ["/v1/notifications/{key}", "/notification/{key}"])
+def test_an_authoritative_lookup_on_a_wrong_path_holds_and_never_sends_again(receiver_factory, monkeypatch,
+                                                                              tmp_path, lookup_endpoint):
+    """The receiver stored the send, its reply was lost; the look-up is configured on a path the receiver
+    does not serve. Its 404 ("not found", no receipt field) says nothing about the key: held, not sent
+    again as "not delivered"."""
+    from airflow_resumable.receivers.http import HttpReceiver
+
+    server, url = receiver_factory(dedupe=False)
+    monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url}))
+    http = HttpReceiver("receiver", timeout=5, lookup_endpoint=lookup_endpoint, lookup_authoritative=True)
+    items = [{"id": f"item-{i:03d}"} for i in range(1, 6)]
+    steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
+    server.store.arm("item-003", "after_accept")
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(Exception):
+            run_batch(journal, "job", items, steps)
+        second = run_batch(journal, "job", items, steps)
+        assert [h.item_id for h in second.held] == ["item-003"] and second.resent_steps == 0
+    stats = server.store.stats()
+    assert stats["duplicates"] == 0 and stats["items"] == 5
+
+
 def test_lookup_authoritative_must_be_a_boolean(monkeypatch):
     from airflow_resumable.receivers.http import HttpReceiver
 
