@@ -105,6 +105,10 @@ class _CutShort(Exception):
     """The sender went away before the whole request body arrived: nothing was delivered."""
 
 
+class _NoLength(Exception):
+    """A request without Content-Length (a chunked body): refused, nothing delivered."""
+
+
 def make_handler(store: ReceiverStore, reply_seconds: float = 0.0) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -124,6 +128,10 @@ def make_handler(store: ReceiverStore, reply_seconds: float = 0.0) -> type[BaseH
             self.wfile.write(data)
 
         def _body(self) -> Any:
+            if self.headers.get("Content-Length") is None:
+                # A chunked body (no length) is not read here: it would be taken for an empty one, and an
+                # empty delivery recorded under the key, whatever arrived.
+                raise _NoLength
             length = int(self.headers.get("Content-Length") or 0)
             data = self.rfile.read(length)
             if len(data) < length:
@@ -138,6 +146,9 @@ def make_handler(store: ReceiverStore, reply_seconds: float = 0.0) -> type[BaseH
             except _CutShort:
                 self.close_connection = True  # nobody is left to answer
                 return None
+            except _NoLength:
+                self.close_connection = True  # the body's bytes, if any, are still on the connection
+                return self._json(411, {"error": "Content-Length required"})
             except ValueError:
                 return self._json(400, {"error": "body must be JSON"})
             if self.path == "/faults":
@@ -148,8 +159,6 @@ def make_handler(store: ReceiverStore, reply_seconds: float = 0.0) -> type[BaseH
                 return self._json(200, {"armed": body["item_id"], "mode": body["mode"]})
             if self.path != "/notifications":
                 return self._json(404, {"error": "not found"})
-            if reply_seconds:
-                time.sleep(reply_seconds)  # the receiver's own work, before it records and answers
             item_id = str(body.get("item_id", ""))
             fault = store.take_fault(item_id)
             if fault == "before_accept":
@@ -158,6 +167,10 @@ def make_handler(store: ReceiverStore, reply_seconds: float = 0.0) -> type[BaseH
                 receipt, duplicate = store.accept(self.headers.get("Idempotency-Key"), item_id, json.dumps(body))
             except KeyReusedError:
                 return self._json(422, {"error": "idempotency key reused with a different body"})
+            if reply_seconds:
+                # The receiver's own work, after it recorded the delivery (its look-up is authoritative:
+                # it knows of every request it holds) and before it answers.
+                time.sleep(reply_seconds)
             if fault == "after_accept":
                 # Accepted and stored, but the reply is lost: drop the connection without answering.
                 self.close_connection = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 
@@ -77,6 +78,42 @@ def test_a_sender_killed_between_the_head_and_the_body_delivered_nothing(receive
     # The whole request, sent again, is delivered once.
     assert call(url + "/notifications", "POST", {"item_id": "a"}, {"Idempotency-Key": "k1"})[0] == 200
     assert call(url + "/stats")[1]["per_item"] == {"a": 1}
+
+
+def test_a_request_without_content_length_is_refused_and_delivers_nothing(receiver_factory):
+    """A chunked body (no Content-Length) that stopped after its head was recorded as an empty delivery,
+    and the key's look-up then vouched for it."""
+    _, url = receiver_factory()
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        conn.sendall(b"POST /notifications HTTP/1.1\r\nHost: x\r\nIdempotency-Key: k-chunked\r\n"
+                     b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+        conn.shutdown(socket.SHUT_WR)
+        status_line = conn.recv(1024).split(b"\r\n")[0]
+        assert b" 411 " in status_line, status_line
+    assert call(url + "/notifications/k-chunked")[0] == 404
+    assert call(url + "/stats")[1]["deliveries"] == 0
+
+
+def test_a_lookup_while_the_receiver_works_on_a_request_finds_it(tmp_path):
+    """With --reply-ms the receiver works before it answers: a look-up meanwhile must already know the
+    key (the demo's look-up is authoritative), or "not delivered" would send it twice."""
+    server = serve(0, tmp_path / "slow.sqlite3", dedupe=False, reply_ms=3000)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        sender = threading.Thread(target=call, args=(url + "/notifications", "POST", {"item_id": "a"},
+                                                     {"Idempotency-Key": "k-slow"}))
+        sender.start()
+        deadline = time.monotonic() + 10
+        while call(url + "/notifications/k-slow")[0] != 200:
+            assert sender.is_alive() and time.monotonic() < deadline, "looked up only after the reply"
+            time.sleep(0.05)
+        assert sender.is_alive()  # found while the request is still being worked on
+        sender.join(timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def test_fault_before_accept_refuses_and_stores_nothing(receiver_factory):
