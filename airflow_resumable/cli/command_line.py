@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import io
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -55,6 +56,7 @@ from airflow_resumable.exceptions import (
 from airflow_resumable.journal import Status
 
 EXIT_REFUSED, EXIT_USAGE, EXIT_BUG = 1, 2, 3
+EXIT_PIPE = 141  # the reader went away (`| head`): what a command killed by SIGPIPE reports
 # Text arguments that reach the journal, as the refusals name them. An argument's bytes that are not
 # UTF-8 arrive as lone surrogates (Python's surrogateescape), which no journal can store or look up.
 TEXT_ARGUMENTS = {"job_id": "job_id", "item_id": "item_id", "step": "step", "item": "--item", "receipt": "--receipt",
@@ -207,9 +209,17 @@ def run(args: argparse.Namespace, out: io.TextIOBase | Any) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """The console script: the exit code of the command ``argv`` (default: ``sys.argv``) names."""
+    for stream in (sys.stdout, sys.stderr):
+        # A terminal that is not UTF-8 gets ids it cannot show escaped, never a UnicodeEncodeError mid-table.
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     args = parse_args(argv)
     try:
         return run(args, sys.stdout)
+    except BrokenPipeError:
+        # Python flushes stdout again on the way out: point it at nothing, or that flush fails too.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
     except PageError as exc:  # a --cursor this journal did not give, a --dag-id it cannot take: nothing read
         sys.stderr.write(f"airflow-resumable: {printable(str(exc))}\n")
         return EXIT_USAGE

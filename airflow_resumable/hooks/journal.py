@@ -84,7 +84,14 @@ class JournalTarget:
 
     def exists(self) -> bool:
         """Whether there is a journal to read (a read never creates a SQLite file)."""
-        return self.shared or Path(self.location).exists()
+        try:
+            return self.shared or Path(self.location).exists()
+        except OSError as exc:  # a name too long, a folder on the way that may not be looked into
+            from airflow_resumable.journal import JournalLocationError
+
+            raise JournalLocationError(
+                f"cannot look at the journal path {self.location[:100]!r}: {exc.strerror}; check the path"
+            ) from None
 
 
 def journal_target(*, conn_id: str | None = None, path: str | os.PathLike[str] | None = None) -> JournalTarget:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import sqlite3
 import subprocess
 import sys
@@ -514,3 +515,40 @@ def test_migrate_on_sqlite_moves_an_older_file_and_leaves_a_missing_one_to_the_f
     newer.close()
     refused = cli(journal_path, "migrate")
     assert refused.returncode == 1 and refused.stderr.count("\n") == 1 and "newer release" in refused.stderr
+
+
+# -- the console's edges: a reader that stops early, a terminal that is not UTF-8, a path the OS refuses --
+
+
+def test_export_into_a_reader_that_stops_early_ends_quietly(tmp_path):
+    """`export big | head -1`: the reader goes away mid-stream; the command ends with SIGPIPE's exit
+    status and no traceback, not as an internal error."""
+    from tests.faces.test_ui_paging import fill
+
+    path = tmp_path / "journal.sqlite3"
+    fill(path, ["big"], range(5000), dag_id="d")
+    for form in ("json", "csv"):
+        proc = subprocess.Popen([CLI, "--journal", str(path), "export", "big", "--format", form],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        assert proc.stdout.readline()
+        proc.stdout.close()  # the reader is gone
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 141, err
+        assert b"Traceback" not in err and b"internal error" not in err
+
+
+def test_a_terminal_that_is_not_utf8_gets_ids_escaped(tmp_path):
+    path = tmp_path / "journal.sqlite3"
+    with StepJournal(path) as journal:
+        run_batch(journal, "jé", [{"id": "é-ünï"}], [Step("notify", lambda item, ctx: "r", side_effect=True)])
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    for args in (("jobs",), ("show", "jé"), ("export", "jé", "--format", "csv")):
+        done = cli(path, *args, env=env)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, (args, done.stderr)
+        assert "\\xe9" in done.stdout, (args, done.stdout)  # é, escaped
+
+
+def test_a_journal_path_the_os_refuses_to_look_at_is_a_short_message(tmp_path):
+    done = cli(tmp_path / ("x" * 300) / "journal.sqlite3", "jobs")
+    assert done.returncode == 1, done.stderr
+    assert "cannot look at the journal path" in done.stderr and "Traceback" not in done.stderr
