@@ -34,6 +34,7 @@ from airflow_resumable.journal import HeldReason, StepJournal
 from airflow_resumable.journal.backend import checked_durability
 from airflow_resumable.links import ResumableJobLink
 from airflow_resumable.runner import BatchProgress, BatchResult, BatchStopped, Step, check_concurrency, run_batch
+from airflow_resumable.runner.drivers import check_progress_interval
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -150,9 +151,9 @@ class ResumableBatchOperator(BaseOperator):
         self.on_held = on_held
         self.start_afresh = start_afresh
         self.allow_network_filesystem = allow_network_filesystem
-        self.progress_interval = progress_interval
         try:
             self.concurrency = check_concurrency(concurrency)
+            self.progress_interval = check_progress_interval(progress_interval)
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: {exc}") from None
 
@@ -196,8 +197,13 @@ class ResumableBatchOperator(BaseOperator):
     def _iter_items(self, context: Context) -> Iterable[Mapping[str, Any]]:
         items = self.items
         if callable(items):
-            takes_context = bool(inspect.signature(items).parameters)
-            items = items(context) if takes_context else items()
+            parameters = inspect.signature(items).parameters.values()
+            if not parameters:
+                items = items()
+            elif all(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+                items = items(**context)  # def items(**context), as Airflow's own callables take it
+            else:
+                items = items(context)
         if isinstance(items, (str, bytes, Mapping)) or not isinstance(items, Iterable):
             raise ValueError(
                 f"{self.task_id}: items must be a list (or iterable) of mappings, got {type(items).__name__}"

@@ -30,7 +30,13 @@ from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepa
 from airflow_resumable.runner.decisions import Action as Action
 from airflow_resumable.runner.decisions import decide as decide
 from airflow_resumable.runner.drivers import MAX_CONCURRENCY as MAX_CONCURRENCY
-from airflow_resumable.runner.drivers import _check_stop, _Concurrent, _Sequential, check_concurrency
+from airflow_resumable.runner.drivers import (
+    _check_stop,
+    _Concurrent,
+    _Sequential,
+    check_concurrency,
+    check_progress_interval,
+)
 from airflow_resumable.runner.results import BatchProgress, BatchResult
 from airflow_resumable.runner.steps import NOT_DELIVERED, Step, StepContext, _check_steps, canonical_digest, idempotency_key
 from airflow_resumable.runner.steps import StepFn as StepFn
@@ -96,6 +102,7 @@ def run_batch(
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
     check_concurrency(concurrency)
+    progress_interval = check_progress_interval(progress_interval)
     checked_steps = _check_steps(steps)
     step_names = [s.name for s in checked_steps]
     items_total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]

@@ -292,6 +292,13 @@ def _stopped() -> BatchStopped:
 MAX_CONCURRENCY = 256
 
 
+def check_progress_interval(interval: object) -> float:
+    """``interval`` (seconds between progress reports) if it is a usable value, else ValueError."""
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not 0 <= interval < float("inf"):
+        raise ValueError(f"progress_interval must be a number of seconds (0 or more), not {interval!r}")
+    return float(interval)
+
+
 def check_concurrency(concurrency: object) -> int:
     """``concurrency`` if it is a usable value, else ValueError (the operator checks it at parse time)."""
     if isinstance(concurrency, bool) or not isinstance(concurrency, int) or not 1 <= concurrency <= MAX_CONCURRENCY:

@@ -329,6 +329,34 @@ def test_provider_is_registered_with_its_config_section(airflow):
     assert json.loads(providers[providers.index("["):])  # valid JSON listing
 
 
+def test_the_operator_refuses_a_bad_progress_interval_when_the_dag_is_parsed():
+    from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+
+    for interval in (None, "30", -5):
+        with pytest.raises(ValueError, match="^t: progress_interval must be a number of seconds"):
+            ResumableBatchOperator(task_id="t", items=[], notify=lambda i, c: "r", progress_interval=interval)
+
+
+def test_an_items_callable_may_take_the_context_as_keywords_or_as_one_argument():
+    """def items(**context), as Airflow's own callables take it, was called with one positional argument."""
+    from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+
+    context = {"ds": "2026-12-05", "params": {"n": 2}}
+
+    def as_keywords(**context):
+        return [{"id": f"{context['ds']}-{n}"} for n in range(context["params"]["n"])]
+
+    def as_one(context):
+        return as_keywords(**context)
+
+    def without():
+        return [{"id": "2026-12-05-0"}, {"id": "2026-12-05-1"}]
+
+    for items in (as_keywords, as_one, without):
+        task = ResumableBatchOperator(task_id="t", items=items, notify=lambda i, c: "r")
+        assert list(task._iter_items(context)) == [{"id": "2026-12-05-0"}, {"id": "2026-12-05-1"}]
+
+
 def test_only_a_hold_that_verify_may_settle_is_worth_a_retry():
     from airflow_resumable._compat import airflow_fail_exception
     from airflow_resumable.journal import HeldReason, HeldStep

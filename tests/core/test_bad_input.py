@@ -134,6 +134,17 @@ def test_bad_concurrency_is_refused(journal, journal_path, seeded, concurrency):
     assert snapshot(journal_path) == before
 
 
+@pytest.mark.parametrize("interval", [None, "30", -1, float("nan"), float("inf"), True])
+def test_a_bad_progress_interval_is_refused_before_any_send(journal, journal_path, seeded, interval):
+    """It was taken, and raised TypeError after the first send (each retry then sent one more item)."""
+    before = snapshot(journal_path)
+    with pytest.raises(ValueError, match="progress_interval must be a number of seconds"):
+        run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), progress_interval=interval,
+                  on_progress=lambda progress: None)
+    assert seeded.calls == []
+    assert snapshot(journal_path) == before
+
+
 @pytest.mark.parametrize("concurrency", [1, 16])
 def test_duplicate_id_is_refused_before_anything_is_touched_at_any_concurrency(journal, journal_path, seeded,
                                                                                concurrency):
