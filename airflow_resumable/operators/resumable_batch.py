@@ -77,7 +77,8 @@ class ResumableBatchOperator(BaseOperator):
     :param notify: the side effect ``fn(item, ctx)`` named ``notify``; return the receiver's receipt.
     :param verify: ``verify(ctx)`` -> the receipt for ``ctx.idempotency_key`` if the receiver has it.
     :param job_id: journal key (templated). Default ``{dag_id}/{task_id}/{run_id}[/{map_index}]``:
-        the same on retry and Clear (both resume); a new DAG run is a new job.
+        the same on retry and Clear (both resume); a new DAG run is a new job. An explicit one on a
+        mapped task must differ per map index (``{{ ti.map_index }}`` in it): shards share it otherwise.
     :param id_field: the item field holding its unique id.
     :param journal_conn_id: an Airflow Postgres connection holding a shared journal: a retry or a
         Clear resumes on whichever worker it lands. Wins over ``journal_path``. Default
