@@ -84,7 +84,7 @@ def _is_float(value: float) -> bool:
 def _same_job(of_job: str, job_id: str, cursor: str) -> None:
     # A page of one job's list goes on only in that job's list: elsewhere its key would skip rows unseen.
     if of_job != job_id:
-        raise PageError(f"cursor {cursor[:40]!r} pages another job's list, not {job_id[:200]!r}'s; "
+        raise PageError(f"cursor {cursor[:40]!r} pages another job's list, not {job_id[:80]!r}'s; "
                         "start again from the first page (no cursor)")
 
 

@@ -41,10 +41,9 @@ _VERSIONS = (
 # on steps in the very transaction that changes a row, whoever changes it (a run, a resolution, prune,
 # a hand-written statement - but not SQLite's INSERT OR REPLACE, which deletes the row it replaces
 # without firing the delete trigger: the journal never writes one). Reading a job's summary then reads
-# no step rows. The migration counts
-# once. The held index gains the step, the last part of the held list's order (its pages' key), and
-# jobs get an index for the jobs list's order (newest first: creation time never changes, so a page
-# boundary never moves while the list is paged).
+# no step rows. The migration counts once. The held index gains the step, the last part of the held
+# list's order (its pages' key), and jobs get an index for the jobs list's order (newest first:
+# creation time never changes, so a page boundary never moves while the list is paged).
 COUNTERS = ("n_items", "n_in_flight", "n_succeeded", "n_failed", "n_held", "n_unresolved")
 # Whether a row r counts as an unresolved send (the jobs summary's "unresolved").
 _UNRESOLVED = "({r}.held_reason IS NULL AND {r}.side_effect = 1 AND {r}.status != 'SUCCEEDED' AND {r}.not_sent = 0)"
