@@ -10,22 +10,14 @@ from fastapi import HTTPException
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.plugins.journal_access import open_journal
-from airflow_resumable.runner import Step, run_batch
 from tests.backends import snapshot
+from tests.scenario import held_job
 
 
 def test_a_decision_on_a_journal_locked_past_the_busy_timeout_is_a_503_and_changes_nothing(tmp_path, monkeypatch):
     path = str(tmp_path / "journal.sqlite3")
-
-    def lost_reply(item, ctx):
-        raise TimeoutError()
-
+    held_job(path, "j")
     with StepJournal(path) as journal:
-        for _ in range(2):  # the reply is lost, then the next run holds the send
-            try:
-                run_batch(journal, "j", [{"id": "a"}], [Step("send", lost_reply, side_effect=True)])
-            except TimeoutError:
-                pass
         (held,) = journal.held("j")
     monkeypatch.setenv("AIRFLOW__RESUMABLE__JOURNAL_PATH", path)
     monkeypatch.delenv("AIRFLOW__RESUMABLE__JOURNAL_CONN_ID", raising=False)

@@ -156,6 +156,18 @@ def test_http_notifier_verifies_a_lost_reply_by_key_and_never_resends(receiver_f
     assert stats["duplicates"] == 0 and stats["items"] == 50
 
 
+def fault_then_run_again(server, http, tmp_path, count: int, item_id: str, fault: str):
+    """Items item-001.. of job 'job' sent through ``http`` (send and verify), ``fault`` armed for ``item_id``:
+    the first run raises there, the second runs again. Returns the second run's result and the job's audit."""
+    items = [{"id": f"item-{i:03d}"} for i in range(1, count + 1)]
+    steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
+    server.store.arm(item_id, fault)
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(Exception):
+            run_batch(journal, "job", items, steps)
+        return run_batch(journal, "job", items, steps), journal.resolutions("job")
+
+
 @pytest.mark.parametrize("extra", [{"lookup_authoritative": True}, {"lookup_authoritative": "true"}, {}])
 def test_http_verify_answers_not_delivered_only_for_an_authoritative_lookup(receiver_factory, monkeypatch, tmp_path,
                                                                             extra):
@@ -165,20 +177,14 @@ def test_http_verify_answers_not_delivered_only_for_an_authoritative_lookup(rece
 
     server, url = receiver_factory(dedupe=False)
     monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url, "extra": extra}))
-    http = HttpReceiver("receiver", timeout=5)
-    items = [{"id": f"item-{i:03d}"} for i in range(1, 11)]
-    steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
-    server.store.arm("item-004", "before_accept")
-    with StepJournal(tmp_path / "journal.sqlite3") as journal:
-        with pytest.raises(Exception):
-            run_batch(journal, "job", items, steps)
-        second = run_batch(journal, "job", items, steps)
-        if extra:
-            assert (second.held, second.resent_steps) == ([], 1)
-            (audit,) = journal.resolutions("job")
-            assert (audit.item_id, audit.decision, audit.resolved_by) == ("item-004", "not_delivered", "verify")
-        else:
-            assert [h.item_id for h in second.held] == ["item-004"] and second.resent_steps == 0
+    second, audits = fault_then_run_again(server, HttpReceiver("receiver", timeout=5), tmp_path, 10,
+                                          "item-004", "before_accept")
+    if extra:
+        assert (second.held, second.resent_steps) == ([], 1)
+        (audit,) = audits
+        assert (audit.item_id, audit.decision, audit.resolved_by) == ("item-004", "not_delivered", "verify")
+    else:
+        assert [h.item_id for h in second.held] == ["item-004"] and second.resent_steps == 0
     stats = server.store.stats()
     assert stats["duplicates"] == 0 and stats["items"] == (10 if extra else 9)
 
@@ -194,14 +200,8 @@ def test_an_authoritative_lookup_on_a_wrong_path_holds_and_never_sends_again(rec
     server, url = receiver_factory(dedupe=False)
     monkeypatch.setenv("AIRFLOW_CONN_RECEIVER", json.dumps({"conn_type": "http", "host": url}))
     http = HttpReceiver("receiver", timeout=5, lookup_endpoint=lookup_endpoint, lookup_authoritative=True)
-    items = [{"id": f"item-{i:03d}"} for i in range(1, 6)]
-    steps = [Step("notify_external", http.notify, side_effect=True, verify=http.verify)]
-    server.store.arm("item-003", "after_accept")
-    with StepJournal(tmp_path / "journal.sqlite3") as journal:
-        with pytest.raises(Exception):
-            run_batch(journal, "job", items, steps)
-        second = run_batch(journal, "job", items, steps)
-        assert [h.item_id for h in second.held] == ["item-003"] and second.resent_steps == 0
+    second, _ = fault_then_run_again(server, http, tmp_path, 5, "item-003", "after_accept")
+    assert [h.item_id for h in second.held] == ["item-003"] and second.resent_steps == 0
     stats = server.store.stats()
     assert stats["duplicates"] == 0 and stats["items"] == 5
 
