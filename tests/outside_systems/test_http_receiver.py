@@ -20,8 +20,8 @@ from airflow_resumable.runner import Step, run_batch
 def receiver_factory(tmp_path):
     servers = []
 
-    def start(dedupe=True):
-        server = serve(0, tmp_path / f"receiver-{len(servers)}.sqlite3", dedupe=dedupe)
+    def start(dedupe=True, reply_ms=0.0):
+        server = serve(0, tmp_path / f"receiver-{len(servers)}.sqlite3", dedupe=dedupe, reply_ms=reply_ms)
         threading.Thread(target=server.serve_forever, daemon=True).start()
         servers.append(server)
         return server, f"http://127.0.0.1:{server.server_address[1]}"
@@ -95,25 +95,19 @@ def test_a_request_without_content_length_is_refused_and_delivers_nothing(receiv
     assert call(url + "/stats")[1]["deliveries"] == 0
 
 
-def test_a_lookup_while_the_receiver_works_on_a_request_finds_it(tmp_path):
+def test_a_lookup_while_the_receiver_works_on_a_request_finds_it(receiver_factory):
     """With --reply-ms the receiver works before it answers: a look-up meanwhile must already know the
     key (the demo's look-up is authoritative), or "not delivered" would send it twice."""
-    server = serve(0, tmp_path / "slow.sqlite3", dedupe=False, reply_ms=3000)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}"
-    try:
-        sender = threading.Thread(target=call, args=(url + "/notifications", "POST", {"item_id": "a"},
-                                                     {"Idempotency-Key": "k-slow"}))
-        sender.start()
-        deadline = time.monotonic() + 10
-        while call(url + "/notifications/k-slow")[0] != 200:
-            assert sender.is_alive() and time.monotonic() < deadline, "looked up only after the reply"
-            time.sleep(0.05)
-        assert sender.is_alive()  # found while the request is still being worked on
-        sender.join(timeout=10)
-    finally:
-        server.shutdown()
-        server.server_close()
+    _, url = receiver_factory(dedupe=False, reply_ms=3000)
+    sender = threading.Thread(target=call, args=(url + "/notifications", "POST", {"item_id": "a"},
+                                                 {"Idempotency-Key": "k-slow"}))
+    sender.start()
+    deadline = time.monotonic() + 10
+    while call(url + "/notifications/k-slow")[0] != 200:
+        assert sender.is_alive() and time.monotonic() < deadline, "looked up only after the reply"
+        time.sleep(0.05)
+    assert sender.is_alive()  # found while the request is still being worked on
+    sender.join(timeout=10)
 
 
 def test_fault_before_accept_refuses_and_stores_nothing(receiver_factory):
