@@ -83,6 +83,16 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "/var/lib/airflow/resumable/journal.sqlite3",
                         "default": "",
                     },
+                    "allow_network_filesystem": {
+                        "description": "Open a SQLite journal on a network or cloud-sync filesystem anyway "
+                        "(refused by default: SQLite's WAL mode does not work there). Read by every task, "
+                        "the CLI and the Resumable jobs page; a batch task's allow_network_filesystem= wins. "
+                        "Only for a mount known to give real POSIX locks and shared memory to one host.",
+                        "version_added": "0.3.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    },
                     "durability": {
                         "description": "full: fsync the IN_FLIGHT mark before every send (power-loss "
                         "safe). normal: WAL + synchronous=NORMAL (survives a killed process, not a "

@@ -57,6 +57,17 @@ def default_journal_path() -> Path:
     return Path(home) / DEFAULT_RELATIVE_PATH
 
 
+def default_allow_network_filesystem() -> bool:
+    """``[resumable] allow_network_filesystem``: every surface that opens a SQLite journal (the tasks, the
+    CLI, the page) opens one on a network or cloud-sync filesystem when it is true."""
+    value = (_conf_get("allow_network_filesystem") or "false").strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off", ""):
+        return False
+    raise JournalConfigError(f"[resumable] allow_network_filesystem must be true or false, not {value[:40]!r}")
+
+
 def default_durability() -> str:
     # Imported here, as StepJournal is in open(): the extra link and the page import this module, and
     # need none of the journal.
@@ -99,7 +110,8 @@ def journal_target(*, conn_id: str | None = None, path: str | os.PathLike[str] |
     chosen_conn_id, chosen_path = _choose(conn_id, path)
     if chosen_conn_id is not None:
         return _postgres_target(chosen_conn_id)
-    return JournalTarget(str(chosen_path), False, str(chosen_path))
+    options = {"allow_network_filesystem": True} if default_allow_network_filesystem() else {}
+    return JournalTarget(str(chosen_path), False, str(chosen_path), options)
 
 
 def journal_display(*, conn_id: str | None = None, path: str | os.PathLike[str] | None = None) -> str:

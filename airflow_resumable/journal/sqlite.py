@@ -143,7 +143,8 @@ class SqliteBackend(EngineBase):
                     f"journal path {self.path} is refused: {reason}, and SQLite's WAL mode does not "
                     "work there. Put the journal on a local disk ([resumable] journal_path), use a "
                     "shared journal on PostgreSQL ([resumable] journal_conn_id), or pass "
-                    "allow_network_filesystem=True if you are sure the mount is safe."
+                    "allow_network_filesystem=True ([resumable] allow_network_filesystem) if you are sure the "
+                    "mount is safe."
                 )
         self._create_file()
         try:

@@ -92,7 +92,9 @@ class ResumableBatchOperator(BaseOperator):
         ``"succeed"``: succeed with status ``needs_review`` (put a HeldItemSensor downstream).
     :param start_afresh: opt in to starting from nothing when this try lands on a worker whose
         journal has never seen the job (the wrong-worker guard). Every item may be sent again.
-    :param allow_network_filesystem: see :class:`~airflow_resumable.journal.StepJournal`.
+    :param allow_network_filesystem: see :class:`~airflow_resumable.journal.StepJournal`; default
+        ``[resumable] allow_network_filesystem`` (which the sensor, the review and resolve tasks, the CLI
+        and the page read too), else ``False``.
     :param progress_interval: seconds between progress lines in the task log.
     :param concurrency: how many sends may be in flight at once (worker threads; default 1). Their
         IN_FLIGHT marks are committed in groups, one fsync per group. Items may finish out of order.
@@ -119,7 +121,7 @@ class ResumableBatchOperator(BaseOperator):
         durability: str | None = None,
         on_held: str = "fail",
         start_afresh: bool = False,
-        allow_network_filesystem: bool = False,
+        allow_network_filesystem: bool | None = None,
         progress_interval: float = 30.0,
         concurrency: int = 1,
         **kwargs: Any,
@@ -189,10 +191,10 @@ class ResumableBatchOperator(BaseOperator):
         return journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
 
     def _open_journal(self) -> StepJournal:
-        target: StepJournal = self.journal.open(
-            durability=self.durability or default_durability(),
-            allow_network_filesystem=self.allow_network_filesystem,
-        )
+        options: dict[str, Any] = {"durability": self.durability or default_durability()}
+        if self.allow_network_filesystem is not None:  # else the config's, in the target's options
+            options["allow_network_filesystem"] = self.allow_network_filesystem
+        target: StepJournal = self.journal.open(**options)
         return target
 
     def _iter_items(self, context: Context) -> Iterable[Mapping[str, Any]]:

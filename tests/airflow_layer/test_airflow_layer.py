@@ -323,7 +323,7 @@ def test_provider_is_registered_with_its_config_section(airflow):
     providers = airflow.run("providers", "list", "-o", "json", check=True).stdout
     assert "airflow-provider-resumable" in providers
     config = airflow.run("config", "list", "--section", "resumable", check=True).stdout
-    assert "journal_path" in config and "durability" in config
+    assert "journal_path" in config and "durability" in config and "allow_network_filesystem" in config
     value = airflow.run("config", "get-value", "resumable", "durability", check=True).stdout.strip()
     assert value.splitlines()[-1] == "full"
     assert json.loads(providers[providers.index("["):])  # valid JSON listing

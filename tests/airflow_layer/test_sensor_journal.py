@@ -204,3 +204,51 @@ def _poke(sensor: HeldItemSensor) -> object:
         return sensor.poke({})
     except Exception as exc:  # the test asserts on it: a poke must not raise
         return exc
+
+
+# ------------------------------------------------------- a journal on a network or cloud-sync mount
+
+
+def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, monkeypatch):
+    """A deployment that keeps its journal on such a mount on purpose says so once, in the config: the
+    batch task, the sensor and the CLI all open it (the sensor refused a journal its batch task used)."""
+    import subprocess
+
+    from airflow_resumable.exceptions import JournalConfigError
+    from airflow_resumable.hooks.journal import journal_target
+    from airflow_resumable.journal import JournalLocationError
+    from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+    from tests.backends import snapshot
+    from tests.faces.test_cli import CLI
+
+    path = tmp_path / "Dropbox" / "journal.sqlite3"  # a cloud-sync folder: refused by default
+    monkeypatch.setenv("AIRFLOW__RESUMABLE__JOURNAL_PATH", str(path))
+    monkeypatch.delenv("AIRFLOW__RESUMABLE__JOURNAL_CONN_ID", raising=False)
+    monkeypatch.delenv("AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM", raising=False)
+    sensor = HeldItemSensor(task_id="wait", job_id=JOB)
+    with pytest.raises(JournalLocationError, match="cloud-sync"):
+        journal_target().open()
+    assert not path.parent.exists()
+
+    monkeypatch.setenv("AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM", "True")
+    batch = ResumableBatchOperator(task_id="send", items=[], notify=lambda item, ctx: "ok")
+    with batch._open_journal() as journal:
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lambda item, ctx: "ok", side_effect=True)])
+    assert sensor.poke({"ti": CraftedTI({})}) is True
+    listed = subprocess.run([CLI, "jobs", "--json"], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert JOB in listed.stdout
+    # The task's own setting wins over the config's.
+    refusing = ResumableBatchOperator(task_id="strict", items=[], notify=lambda item, ctx: "ok",
+                                      allow_network_filesystem=False)
+    with pytest.raises(JournalLocationError, match="cloud-sync"):
+        refusing._open_journal()
+
+    before = snapshot(str(path))
+    monkeypatch.setenv("AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM", "maybe")
+    with pytest.raises(JournalConfigError, match="allow_network_filesystem must be true or false, not 'maybe'"):
+        sensor.poke({"ti": CraftedTI({})})
+    refused = subprocess.run([CLI, "jobs"], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 1 and "allow_network_filesystem must be true or false" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert snapshot(str(path)) == before
