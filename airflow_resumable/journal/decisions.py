@@ -18,7 +18,13 @@ from airflow_resumable.journal.checks import (
     check_person,
     check_version,
 )
-from airflow_resumable.journal.errors import JobBusyError, NotHeldError, ResolutionError, StaleDecisionError
+from airflow_resumable.journal.errors import (
+    JobBusyError,
+    JournalError,
+    NotHeldError,
+    ResolutionError,
+    StaleDecisionError,
+)
 from airflow_resumable.journal.records import (
     MAX_DECISION_JOBS,
     MAX_DECISIONS,
@@ -264,7 +270,15 @@ class JournalDecisions:
             yield
         finally:
             self._deciding.discard(job_id)
-            claim.release()
+            # A decision about a job the journal does not have (a mistyped id) leaves no claim of it behind:
+            # on SQLite, a lock file per mistyped id.
+            claim.release(remove=not self._job_known(job_id))
+
+    def _job_known(self, job_id: str) -> bool:
+        try:
+            return bool(self.engine.read(sql.JOB_EXISTS, (job_id,)))
+        except JournalError:  # failing right now: keep the claim's file; the error that matters is the first
+            return True
 
     def _no_such_row(self, tx: Tx, job_id: str, item_id: str, step: str | None) -> NotHeldError:
         if tx.one(sql.JOB_EXISTS, (job_id,)) is None:

@@ -143,3 +143,26 @@ def test_different_jobs_in_one_journal_run_concurrently(tmp_path, journal_locati
         counts = receiver.counts(job)
         assert sorted(counts) == IDS and set(counts.values()) == {1}, job
         _all_succeeded(journal_path, job)
+
+
+def test_decisions_about_a_job_the_journal_does_not_have_leave_no_lock_file(tmp_path):
+    """A mistyped job id is refused, and leaves nothing beside the journal (a lock file per typo, before);
+    a decision about a real job keeps the job's lock file as a run does."""
+    from airflow_resumable.journal import NotHeldError
+    from tests.scenario import held_job
+
+    path = tmp_path / "journal.sqlite3"
+    job, item, step = "dag/send/run-1", "a", "send"
+    held_job(path, job, item)
+    lock_dir = Path(str(path) + ".locks")
+    before = sorted(p.name for p in lock_dir.iterdir())
+    with StepJournal(path) as journal:
+        for typo in ("no/such/job", job + " ", job.upper()):
+            with pytest.raises(NotHeldError, match="unknown job"):
+                journal.resolve(typo, item, step, delivered=False, resolved_by="oncall")
+            with pytest.raises(NotHeldError, match="unknown job"):
+                journal.apply_decisions([{"job_id": typo, "item_id": item, "step": step,
+                                          "decision": "not_delivered"}], resolved_by="oncall")
+        assert sorted(p.name for p in lock_dir.iterdir()) == before
+        journal.resolve(job, item, step, delivered=False, resolved_by="oncall")
+        assert journal.held(job) == []
