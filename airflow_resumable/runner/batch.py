@@ -102,14 +102,15 @@ def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRu
 def _encode_output(value: Any, item_id: str, step: str) -> str:
     try:
         text = _COMPACT.encode(value)
-    except (TypeError, ValueError) as exc:
+        size = len(text.encode("utf-8"))  # UnicodeEncodeError (a ValueError): a lone surrogate
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidStepOutputError(
             f"step {step!r} of item {item_id!r} returned a value that is not JSON ({type(exc).__name__}); "
             "return plain JSON data (a receipt string, a dict, ...)"
         ) from None
-    if len(text.encode("utf-8")) > MAX_OUTPUT_BYTES:
+    if size > MAX_OUTPUT_BYTES:
         raise InvalidStepOutputError(
-            f"step {step!r} of item {item_id!r} returned {len(text.encode('utf-8'))} bytes of output "
+            f"step {step!r} of item {item_id!r} returned {size} bytes of output "
             f"(at most {MAX_OUTPUT_BYTES}); keep large data outside the journal and return a reference"
         )
     return text
