@@ -219,13 +219,19 @@ class PostgresBackend(EngineBase):
                 "was sent. Check that the server is up and the connection's host, port, user, password "
                 "and database are right."
             ) from None
+        # A job's claim lives as long as this session: a server, role or database that ends idle sessions
+        # (idle_session_timeout, common on managed PostgreSQL) would end it while a send is under way - the
+        # session is idle then - and let a second run of the job send the item again. Never for this one.
+        idle_timeouts = "SET idle_in_transaction_session_timeout = 0; "
+        if self._conn.info.server_version >= 140000:  # idle_session_timeout is PostgreSQL 14's
+            idle_timeouts += "SET idle_session_timeout = 0; "
         try:
             with self._conn.transaction():
                 # Server side: the claim (the session) ends within the bound when the runner goes silent.
                 self._conn.execute(
                     pgsql.SQL(
                         "SET tcp_keepalives_idle = {}; SET tcp_keepalives_interval = {}; "
-                        "SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}; "
+                        "SET tcp_keepalives_count = {}; SET tcp_user_timeout = {}; " + idle_timeouts +
                         "SET synchronous_commit = off; SET search_path = {}"
                     ).format(idle, interval, count, user_timeout_ms, pgsql.Identifier(self.schema))
                 )

@@ -346,3 +346,43 @@ def test_a_version_5_journal_is_migrated_and_its_held_rows_can_be_decided_on_wha
     with admin(postgres_url) as conn:
         assert conn.execute("SELECT value FROM resumable.meta WHERE key = 'schema_version'").fetchone()[0] == str(
             SCHEMA_VERSION)
+
+
+# ------------------------------------------------------------------ sessions the server would end
+
+
+def test_a_database_that_ends_idle_sessions_does_not_end_a_running_jobs_claim(postgres_url):
+    """Managed PostgreSQL often ends idle sessions (idle_session_timeout on the role or database). A
+    runner's session is idle while a send is under way: ended, it took the job's claim with it, and a
+    second run of the job was let in and sent the item again while the first send was still going."""
+    from airflow_resumable.journal import JobBusyError
+
+    with admin(postgres_url) as conn:
+        database = conn.info.dbname
+        conn.execute(f'ALTER DATABASE "{database}" SET idle_session_timeout = \'1s\'')
+        conn.execute(f'ALTER DATABASE "{database}" SET idle_in_transaction_session_timeout = \'1s\'')
+    sent: list[str] = []
+    sending_now, second_tried = threading.Event(), threading.Event()
+
+    def slow(ctx: StepContext) -> None:
+        sending_now.set()
+        second_tried.wait(60)  # the send is under way, and the runner's session idle, all along
+
+    outcome: dict[str, Any] = {}
+
+    def first() -> None:
+        with StepJournal(postgres_url) as journal:
+            outcome["first"] = run_batch(journal, JOB, items(1), sending(sent, slow)).status
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    try:
+        assert sending_now.wait(60)
+        threading.Event().wait(2.5)  # well past both timeouts
+        with StepJournal(postgres_url) as journal, pytest.raises(JobBusyError, match="already running"):
+            run_batch(journal, JOB, items(1), sending(sent))
+    finally:
+        second_tried.set()
+        thread.join(60)
+    assert outcome == {"first": "completed"}
+    assert sent == ["item-001"]
