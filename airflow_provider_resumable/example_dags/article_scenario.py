@@ -81,6 +81,6 @@ with DAG("article_review", schedule=None, start_date=START, catchup=False,
                                      subject="Held items of the article's batch")
     second_pass = ResumableBatchOperator(
         task_id="second_pass", items=ITEMS, steps=article_steps,
-        job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
+        batch_task_id="send",
     )
     send >> review >> second_pass

@@ -26,6 +26,7 @@ from airflow_resumable.hooks.journal import (
     STATE_STORE_KEY,
     SUMMARY_XCOM_KEY,
     JournalTarget,
+    batch_job,
     default_durability,
     default_job_id,
     journal_target,
@@ -79,6 +80,11 @@ class ResumableBatchOperator(BaseOperator):
     :param job_id: journal key (templated). Default ``{dag_id}/{task_id}/{run_id}[/{map_index}]``:
         the same on retry and Clear (both resume); a new DAG run is a new job. An explicit one on a
         mapped task must differ per map index (``{{ ti.map_index }}`` in it): shards share it otherwise.
+    :param batch_task_id: instead of ``job_id``: this task is a later pass of the job that batch task
+        ran in this DAG run (after a ``HeldItemSensor`` or a review). The job is the one its XCom
+        summary names, and it must be in this task's journal - the one the summary records - or the
+        task fails sending nothing (a pass on a journal that never saw the job would send every item
+        again), unless ``start_afresh=True``. The journal itself is never taken from XCom.
     :param id_field: the item field holding its unique id.
     :param journal_conn_id: an Airflow Postgres connection holding a shared journal: a retry or a
         Clear resumes on whichever worker it lands. Wins over ``journal_path``. Default
@@ -100,7 +106,7 @@ class ResumableBatchOperator(BaseOperator):
         IN_FLIGHT marks are committed in groups, one fsync per group. Items may finish out of order.
     """
 
-    template_fields: Sequence[str] = ("items", "job_id")
+    template_fields: Sequence[str] = ("items", "job_id", "batch_task_id")
     ui_color = "#e8f4ea"
     # The task instance's "Resumable job" button opens its job on the Resumable jobs page.
     operator_extra_links = (ResumableJobLink(),)
@@ -115,6 +121,7 @@ class ResumableBatchOperator(BaseOperator):
         notify: Callable[..., Any] | None = None,
         verify: Callable[..., Any] | None = None,
         job_id: str | None = None,
+        batch_task_id: str | None = None,
         id_field: str = "id",
         journal_conn_id: str | None = None,
         journal_path: str | os.PathLike[str] | None = None,
@@ -128,6 +135,9 @@ class ResumableBatchOperator(BaseOperator):
     ) -> None:
         super().__init__(**kwargs)
         shorthand = {"validate": validate, "transform": transform, "notify": notify}
+        if job_id is not None and batch_task_id is not None:
+            raise ValueError(f"{self.task_id}: give job_id= or batch_task_id= (whose job this task continues), "
+                             "not both")
         if steps is not None and any(fn is not None for fn in (*shorthand.values(), verify)):
             raise ValueError(f"{self.task_id}: pass either steps=[...] or validate=/transform=/notify=/verify=, not both")
         if steps is None:
@@ -147,6 +157,7 @@ class ResumableBatchOperator(BaseOperator):
         self.items = items
         self.steps = list(steps)
         self.job_id = job_id
+        self.batch_task_id = batch_task_id
         self.id_field = id_field
         self.journal_conn_id = journal_conn_id
         self.journal_path = journal_path
@@ -214,7 +225,12 @@ class ResumableBatchOperator(BaseOperator):
         return items
 
     def execute(self, context: Context) -> dict[str, Any]:
-        job_id = self.job_id or default_job_id(context)
+        continued_in: str | None = None  # the journal id the batch task this one continues recorded
+        if self.batch_task_id is not None:
+            job_id, continued_in = batch_job(context, owner=self.task_id, job_id=None,
+                                             batch_task_id=self.batch_task_id)
+        else:
+            job_id = self.job_id or default_job_id(context)
         # The name Airflow records for this try ([core] hostname_callable), as the UI shows it: two
         # Celery workers on one machine have one socket.gethostname() but two of these.
         hostname = getattr(context["ti"], "hostname", None) or socket.gethostname()
@@ -225,7 +241,8 @@ class ResumableBatchOperator(BaseOperator):
         if store is not None:
             store_forever(store, STARTED_STORE_KEY, {"try": context["ti"].try_number, "host": hostname})
         with self._open_journal() as journal:
-            self._guard_worker(context, journal, job_id, hostname, started_before=started_before)
+            self._guard_worker(context, journal, job_id, hostname, started_before=started_before,
+                               continued_in=continued_in)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
             self._last_progress: BatchProgress | None = None
             try:
@@ -263,12 +280,15 @@ class ResumableBatchOperator(BaseOperator):
 
     def _guard_worker(
         self, context: Context, journal: StepJournal, job_id: str, hostname: str, *, started_before: bool,
+        continued_in: str | None = None,
     ) -> None:
         """Refuse to run a job whose journal is not this one (it would re-send everything).
 
         A worker-local journal: a retry on another worker is refused. A shared journal: any worker
         resumes; a try configured with a *different* journal than the one that holds the job is
         refused all the same. ``started_before``: an earlier try left its start in the task state store.
+        A later pass (``batch_task_id``) is refused, whatever its try, on a journal other than the one
+        the batch task recorded (``continued_in``) or one that never saw the job.
         """
         shared = journal.shared
         here = {"host": hostname, "journal": journal.location, "journal_id": journal.journal_id, "shared": shared}
@@ -286,6 +306,14 @@ class ResumableBatchOperator(BaseOperator):
                     f"this job's journal is on host {recorded.get('host')!r} at {where}, "
                     f"but this try runs on {hostname!r} with journal {journal.location}"
                 )
+        elif self.batch_task_id is not None and (
+            (continued_in is not None and continued_in != journal.journal_id) or not journal.has_job(job_id)
+        ):
+            danger = (
+                f"this task continues the job task {self.batch_task_id!r} ran, but the journal {journal.location} "
+                f"on {hostname!r} " + ("is not the one that task used" if continued_in not in (None, journal.journal_id)
+                                       else "has never seen that job")
+            )
         elif started_before:
             # An earlier try started (it says so) and recorded no journal: it never got past this guard,
             # and every try records its journal before its first send. Nothing was sent anywhere.

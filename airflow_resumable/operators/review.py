@@ -6,7 +6,7 @@ job::
 
     send = ResumableBatchOperator(task_id="send", items=..., steps=..., on_held="succeed")
     review = ReviewHeldItemsOperator(task_id="review", batch_task_id="send", assigned_users=[...])
-    second = ResumableBatchOperator(task_id="second_pass", job_id=SEND_JOB_ID, items=..., steps=...)
+    second = ResumableBatchOperator(task_id="second_pass", batch_task_id="send", items=..., steps=...)
     send >> review >> second
 
 The review task lists the job's held items (reason, attempts, last error type, idempotency key) and

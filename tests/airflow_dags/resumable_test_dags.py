@@ -36,7 +36,7 @@ with DAG("article_sensor", schedule=None, start_date=start, default_args=default
                           timeout=300)
     second = ResumableBatchOperator(
         task_id="second_pass", items=items(), steps=steps(with_verify=False),
-        job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
+        batch_task_id="send",
     )
     first >> wait >> second
 
@@ -72,7 +72,7 @@ with DAG("article_shared", schedule=None, start_date=start, default_args=default
                           poke_interval=1, timeout=300)
     second = ResumableBatchOperator(
         task_id="second_pass", items=items(), steps=steps(with_verify=False), journal_conn_id="resumable_journal",
-        job_id="{{ ti.xcom_pull(task_ids='send', key='resumable_summary')['job_id'] }}",
+        batch_task_id="send",
     )
     first >> wait >> second
 

@@ -6,6 +6,8 @@ settled yet", and no run can send a step between the sensor's question and its s
 from __future__ import annotations
 
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -252,3 +254,62 @@ def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, 
     assert refused.returncode == 1 and "allow_network_filesystem must be true or false" in refused.stderr
     assert "Traceback" not in refused.stderr
     assert snapshot(str(path)) == before
+
+
+# ----------------------------------------------------------- a later pass of the job: batch_task_id
+
+
+class PassTI:
+    """A task instance of this DAG run, as far as the batch operator asks one (first try, no state store)."""
+
+    def __init__(self, task_id: str, xcom: dict) -> None:
+        self.dag_id, self.task_id, self.run_id, self.map_index = "dag", task_id, "run-1", -1
+        self.try_number, self.hostname = 1, "worker-b"
+        self.xcom = xcom
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        self.xcom[(self.task_id, key)] = value
+
+    def xcom_pull(self, task_ids: str, key: str) -> Any:
+        return self.xcom.get((task_ids, key))
+
+
+def test_a_later_pass_on_a_journal_that_never_saw_the_job_sends_nothing(tmp_path):
+    """A second pass (after a sensor or a review) is another task: its first try found nothing in its own
+    task state, so on a worker whose journal never saw the job it started over and sent every item again,
+    the held one blindly. With batch_task_id= it takes the job from the batch task's summary and refuses a
+    journal other than the one that summary recorded."""
+    from airflow_resumable.operators.resumable_batch import ResumableBatchOperator, WrongWorkerError
+
+    sent: list[str] = []
+
+    def notify(item: dict, ctx: Any) -> str:
+        sent.append(item["id"])
+        return "ok"
+
+    items = [{"id": "a"}, {"id": "b"}]
+    worker_a, worker_b = tmp_path / "a" / "journal.sqlite3", tmp_path / "b" / "journal.sqlite3"
+    xcom: dict = {}
+    summary = ResumableBatchOperator(task_id="send", items=items, notify=notify, journal_path=worker_a).execute(
+        {"ti": PassTI("send", xcom)})
+    assert sent == ["a", "b"] and summary["job_id"] == "dag/send/run-1"
+
+    def second_pass(journal: Path, **kwargs: Any) -> dict:
+        return ResumableBatchOperator(task_id="second_pass", items=items, notify=notify, journal_path=journal,
+                                      batch_task_id="send", **kwargs).execute({"ti": PassTI("second_pass", xcom)})
+
+    with pytest.raises(WrongWorkerError, match="continues the job task 'send' ran.* is not the one that task used"):
+        second_pass(worker_b)
+    # A summary that names no journal (an earlier release's): a journal that never saw the job is refused.
+    xcom[("send", "resumable_summary")] = {k: v for k, v in summary.items() if k != "journal_id"}
+    with pytest.raises(WrongWorkerError, match="continues the job task 'send' ran.* has never seen that job"):
+        second_pass(worker_b)
+    assert sent == ["a", "b"]
+    with StepJournal(worker_b) as journal:
+        assert journal.jobs() == []
+    assert second_pass(worker_a)["job_id"] == summary["job_id"] and sent == ["a", "b"]  # resumed: all done
+    # The author's opt-in starts over on the other journal (every item is sent again, by design).
+    second_pass(worker_b, start_afresh=True)
+    assert sent == ["a", "b", "a", "b"]
+    with pytest.raises(ValueError, match="job_id= or batch_task_id="):
+        ResumableBatchOperator(task_id="x", items=items, notify=notify, job_id="j", batch_task_id="send")
