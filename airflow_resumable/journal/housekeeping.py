@@ -40,12 +40,13 @@ class JournalHousekeeping:
         if not isinstance(older_than, timedelta) or older_than < timedelta(0):
             raise ValueError("older_than must be a non-negative datetime.timedelta, e.g. timedelta(days=30)")
         cutoff = time.time() - older_than.total_seconds()
-        pruned = [job_id for (job_id,) in self.engine.read(sql.PRUNES_UNDER_WAY) if self._prune_job(job_id, resume=True)]
+        pruned = [job_id for (job_id,) in self.engine.read(sql.PRUNES_UNDER_WAY)
+                  if self._prune_job(job_id, cutoff, resume=True)]
         pruned += [job_id for (job_id,) in self.engine.read(sql.PRUNE_CANDIDATES, (cutoff,))
-                   if self._prune_job(job_id, resume=False)]
+                   if self._prune_job(job_id, cutoff, resume=False)]
         return pruned
 
-    def _prune_job(self, job_id: str, *, resume: bool) -> bool:
+    def _prune_job(self, job_id: str, cutoff: float, *, resume: bool) -> bool:
         try:
             claim = self.engine.claim(job_id, runner="prune")
         except JobBusyError:
@@ -54,7 +55,7 @@ class JournalHousekeeping:
             if not resume:
                 with self.engine.write(durable=True) as tx:
                     # Re-check under the claim: a run may have started and stopped in between.
-                    if tx.one(sql.JOB_STILL_FINISHED, (job_id,)) is None:
+                    if tx.one(sql.JOB_STILL_FINISHED, (job_id, cutoff)) is None:
                         return False
                     tx.run(sql.MARK_PRUNED, (time.time(), job_id))
             after = ""  # item ids are never empty: "" comes before every one

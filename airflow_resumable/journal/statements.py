@@ -256,7 +256,9 @@ FINISHED_JOB = "finished_at IS NOT NULL AND n_in_flight = 0 AND n_failed = 0 AND
 PRUNE_CANDIDATES = f"""
 SELECT job_id FROM jobs WHERE pruned_at IS NULL AND updated_at < ? AND {FINISHED_JOB} ORDER BY created_at, job_id
 """
-JOB_STILL_FINISHED = f"SELECT 1 FROM jobs WHERE job_id = ? AND pruned_at IS NULL AND {FINISHED_JOB}"
+# ... and still not updated since the cut-off: a run that went through the job again after the candidates
+# were read (a Clear, a new pass) made it recent.
+JOB_STILL_FINISHED = f"SELECT 1 FROM jobs WHERE job_id = ? AND pruned_at IS NULL AND updated_at < ? AND {FINISHED_JOB}"
 # A prune marks the job pruned first (so no run of it starts on a part of its history), then deletes its
 # rows a bounded batch per transaction; one that was interrupted is finished by the next prune.
 PRUNES_UNDER_WAY = "SELECT job_id FROM jobs WHERE pruned_at IS NOT NULL AND n_items > 0 ORDER BY created_at, job_id"

@@ -434,6 +434,33 @@ def test_prune_leaves_jobs_that_are_not_finished(journal_location):
         assert journal.job("held").status == "needs_review"
 
 
+def test_a_job_run_again_while_prune_works_through_its_candidates_is_kept(journal_location, monkeypatch):
+    """Prune reads its candidates once, then takes them one by one (a big one for minutes): a job run
+    again meanwhile (a Clear, a later pass) is recent again and must be kept; it was pruned, its new
+    history deleted and every later run refused."""
+    sent: list[str] = []
+    with StepJournal(journal_location) as journal:
+        for job in ("old-1", "old-2"):
+            run_batch(journal, job, [{"id": "a"}], sending(sent))
+            backends.execute(journal_location, "UPDATE jobs SET updated_at = updated_at - 86400 WHERE job_id = ?",
+                             (job,))
+        claim = journal.engine.claim
+
+        def run_again_first(job_id: str, **kwargs: Any) -> Any:
+            if job_id == "old-2":  # old-1 is being pruned; old-2 is run again before prune gets to it
+                with StepJournal(journal_location) as other:
+                    run_batch(other, "old-2", [{"id": "a"}, {"id": "b"}], sending(sent))
+            return claim(job_id, **kwargs)
+
+        monkeypatch.setattr(journal.engine, "claim", run_again_first)
+        assert journal.prune(timedelta(hours=1)) == ["old-1"]
+        monkeypatch.undo()
+        assert [r.item_id for r in journal.rows("old-2") if r.step == "send"] == ["a", "b"]
+        assert journal.job("old-2").pruned_at is None
+        assert run_batch(journal, "old-2", [{"id": "a"}, {"id": "b"}], sending(sent)).status == "completed"
+        assert sent == ["a", "a", "b"]
+
+
 # --------------------------------------------------------------------------------------- migration
 
 
