@@ -14,7 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from airflow_resumable.exceptions import BatchStopped
 from airflow_resumable.journal import JobRun, StepState
@@ -156,16 +156,16 @@ class _Concurrent:
         return room >= self.min_group and len(self.ready) >= min(room, self.max_ready)
 
     def finish(self) -> None:
-        try:
-            while self.ready or self.in_flight:
-                self._record_finished(wait=False)
-                room = self.n + self.ahead - len(self.in_flight)
-                if self.ready and room > 0:
-                    self._dispatch(room)
-                elif self.in_flight:
-                    self._record_finished(wait=True)
-        finally:
-            self.pool.shutdown(wait=True)
+        # Anything raising here (a send's error, a stop, Airflow's execution timeout) goes to abort(), which
+        # starts none of the queued sends; shutting the pool down on the way out would start them all.
+        while self.ready or self.in_flight:
+            self._record_finished(wait=False)
+            room = self.n + self.ahead - len(self.in_flight)
+            if self.ready and room > 0:
+                self._dispatch(room)
+            elif self.in_flight:
+                self._record_finished(wait=True)
+        self.pool.shutdown(wait=True)
 
     def _dispatch(self, room: int) -> None:
         _check_stop(self.stop)  # abort() then closes what is ready and records what is in flight
@@ -240,34 +240,23 @@ class _Concurrent:
         """Something raised: start nothing more, but record every send already started, and take back
         the marks of those that never started."""
         self.halted.set()  # no queued send starts from now on
-        for gen, _ in self.ready:
-            gen.close()  # never marked IN_FLIGHT, never sent
-        self.ready = []
         try:
+            for gen, send in self.ready:
+                gen.close()  # never sent
+                if send.marked_before:  # marked, then handed back unsent (it waited too long for a thread)
+                    self._take_back(send, type(cause))
+            self.ready = []
             for future, (gen, send) in list(self.in_flight.items()):
                 if future.cancel():  # still queued: it never reaches the receiver
                     del self.in_flight[future]
                     gen.close()
                     self._take_back(send, type(cause))
             while self.in_flight:
-                future = self.finished.get()
-                if future.cancelled() or future not in self.in_flight:
-                    continue
-                gen, send = self.in_flight.pop(future)
-                outcome = future.result()
-                if outcome.not_started is not None:
-                    gen.close()
-                    self._take_back(send, type(cause))
-                    continue
-                try:
-                    encoded = self.batch.record_send(send, outcome)
-                except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
-                    gen.close()
-                    continue
-                if send.step.name == self.last_step:
-                    _advance(gen, encoded)  # the item's last step: it completes, no user code runs
-                else:
-                    gen.close()  # its later steps wait for the next run
+                # Waited on themselves, not on the queue of finished sends: a failure while a round of it
+                # was being recorded may have taken some out of the queue and left them here.
+                done, _ = wait(list(self.in_flight), return_when=FIRST_COMPLETED)
+                for future in done:
+                    self._record_aborted(future, cause)
             try:
                 self.batch.run.write_receipts()
             except Exception as exc:  # noqa: BLE001 - the error that stopped the batch is the one to raise
@@ -275,6 +264,24 @@ class _Concurrent:
                             "or holds them", type(exc).__name__)
         finally:
             self.pool.shutdown(wait=True)
+
+    def _record_aborted(self, future: Future[_Outcome], cause: BaseException) -> None:
+        """Record a send that ended while the run was aborting; its item goes no further this run."""
+        gen, send = self.in_flight.pop(future)
+        outcome = future.result()
+        if outcome.not_started is not None:
+            gen.close()
+            self._take_back(send, type(cause))
+            return
+        try:
+            encoded = self.batch.record_send(send, outcome)
+        except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
+            gen.close()
+            return
+        if send.step.name == self.last_step:
+            _advance(gen, encoded)  # the item's last step: it completes, no user code runs
+        else:
+            gen.close()  # its later steps wait for the next run
 
     def _take_back(self, send: _Send, cause: type[BaseException]) -> None:
         try:

@@ -214,3 +214,133 @@ def test_a_send_that_waited_over_a_second_for_a_thread_renews_its_mark_before_it
         assert {(r.item_id, r.status, r.attempts) for r in journal.rows(JOB)} == {
             (f"item-00{i}", Status.SUCCEEDED, 1) for i in range(1, 7)}
         assert journal.resolutions(JOB) == []
+
+
+# -------------------------------------------- an error while the last sends end (execution_timeout)
+
+
+class TaskTimeout(Exception):
+    """What Airflow's execution_timeout raises in the task's main thread (from a SIGALRM handler)."""
+
+
+def test_an_error_while_the_last_sends_end_starts_none_of_the_queued_ones(tmp_path):
+    """Airflow's execution timeout raises in the main thread and stops the task only after execute()
+    unwound. Raised while the run waited for its last sends, the queued ones all started on the way out
+    (the thread pool was shut down before anything halted them); now none does, and their marks go."""
+    import signal
+
+    started, release = [], threading.Event()
+
+    def send(item, ctx):
+        started.append(item["id"])
+        release.wait(30)
+        return "ok"
+
+    def timeout(signum, frame):
+        raise TaskTimeout()
+
+    def fire_then_release():
+        wait_until(lambda: len(started) == 2, timeout=30)
+        time.sleep(0.3)  # the run is waiting for those two in its last round
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+        time.sleep(0.5)
+        release.set()
+
+    previous = signal.signal(signal.SIGALRM, timeout)
+    helper = threading.Thread(target=fire_then_release)
+    helper.start()
+    try:
+        with StepJournal(tmp_path / "journal.sqlite3") as journal:
+            with pytest.raises(TaskTimeout):
+                run_batch(journal, JOB, [{"id": n} for n in ("1", "2", "3")],
+                          [Step("send", send, side_effect=True)], concurrency=2)
+            helper.join(30)
+            assert sorted(started) == ["1", "2"], "a queued send started after the error"
+            assert {r.item_id: r.status for r in journal.rows(JOB)} == {"1": Status.SUCCEEDED, "2": Status.SUCCEEDED}
+            assert run_batch(journal, JOB, [{"id": "3"}], [Step("send", send, side_effect=True)]).held == []
+            assert started == ["1", "2", "3"]
+    finally:
+        release.set()
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_a_send_handed_back_for_waiting_too_long_is_not_left_in_flight_by_a_stop(tmp_path, monkeypatch):
+    """A queued send that waited too long for a thread is handed back and marked again before it starts.
+    A stop in between left its committed mark IN_FLIGHT although it never started, and the next run held
+    it for a human; its mark is taken back now, and the next run sends it."""
+    from airflow_resumable.runner import drivers
+
+    monkeypatch.setattr(drivers, "MAX_QUEUE_WAIT", 0.2)
+    stop, sent = threading.Event(), []
+
+    def prepare(item, ctx):
+        if item["id"] == "4":  # the run's own thread is busy while item 3 is handed back, then asked to stop
+            time.sleep(1.2)
+            stop.set()
+        return None
+
+    def send(item, ctx):
+        sent.append(item["id"])
+        if item["id"] in ("1", "2"):
+            time.sleep(0.6)
+        return "ok"
+
+    items = [{"id": str(n)} for n in range(1, 6)]
+    steps = [Step("prepare", prepare), Step("send", send, side_effect=True)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(BatchStopped):
+            run_batch(journal, JOB, items, steps, concurrency=2, stop=stop)
+        never_started = {r.item_id for r in journal.rows(JOB) if r.step == "send"} - set(sent)
+        assert all(r.status != Status.IN_FLIGHT for r in journal.rows(JOB) if r.item_id in never_started)
+        again = run_batch(journal, JOB, items, steps, concurrency=2)
+        assert again.held == [] and again.status == "completed"
+        assert sorted(sent) == ["1", "2", "3", "4", "5"]
+
+
+def test_a_journal_failing_while_a_failing_round_is_recorded_ends_the_run(tmp_path):
+    """A send failed, and the journal failed (locked past the busy timeout by another writer) while the
+    run recorded that round: some ended sends were out of the queue it then waited on, and the task hung
+    for ever. It ends with the journal's error now."""
+    import sqlite3
+
+    from airflow_resumable.journal import JournalError
+
+    path = tmp_path / "journal.sqlite3"
+    locked: list[sqlite3.Connection] = []
+
+    def send(item, ctx):
+        if item["id"] == "1":
+            time.sleep(1.0)
+            raise RuntimeError("the receiver answered 500")
+        if item["id"] == "2":
+            time.sleep(1.3)
+        return "ok"
+
+    calls: list[object] = []
+
+    def on_progress(progress):
+        calls.append(progress)
+        if len(calls) == 3:  # item 3 is queued behind the two sends
+            time.sleep(1.6)
+            other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            other.execute("BEGIN IMMEDIATE")  # another task writing the same journal file
+            locked.append(other)
+
+    outcome: dict = {}
+
+    def run() -> None:
+        with StepJournal(path, busy_timeout=0.3) as journal:
+            try:
+                run_batch(journal, JOB, [{"id": str(n)} for n in range(1, 6)], [Step("send", send, side_effect=True)],
+                          concurrency=2, on_progress=on_progress, progress_interval=0)
+            except BaseException as exc:  # noqa: BLE001
+                outcome["raised"] = exc
+
+    runner = threading.Thread(target=run, daemon=True)
+    runner.start()
+    runner.join(60)
+    for conn in locked:
+        conn.rollback()
+        conn.close()
+    assert not runner.is_alive(), "the run hung"
+    assert isinstance(outcome.get("raised"), (JournalError, RuntimeError)), outcome
