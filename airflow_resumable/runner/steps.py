@@ -9,6 +9,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_resumable.journal.checks import text_problem
+from airflow_resumable.journal.records import MAX_ID_LENGTH
 from airflow_resumable.journal.records import idempotency_key as idempotency_key
 
 
@@ -109,8 +111,11 @@ class Step:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
             raise ValueError("a Step needs a non-empty name")
-        if "\x00" in self.name:
-            raise ValueError(f"step name {self.name!r} contains a NUL character")
+        problem = text_problem(self.name)
+        if problem:
+            raise ValueError(f"step name {self.name[:80]!r} {problem}")
+        if len(self.name) > MAX_ID_LENGTH:  # no decision could name it: its holds could never be settled
+            raise ValueError(f"step name {self.name[:80]!r}... is {len(self.name)} characters; at most {MAX_ID_LENGTH}")
         if not callable(self.fn):
             raise ValueError(f"step {self.name!r}: fn must be callable")
         if self.verify is not None and not self.side_effect:

@@ -125,6 +125,18 @@ def test_empty_or_non_string_job_id_is_refused(journal, journal_path, seeded, jo
     assert snapshot(journal_path) == before  # not even the jobs table is touched
 
 
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [("", "non-empty"), ("send\x00", "NUL"), ("send-\udcff", "lone surrogate"), ("s" * 1025, "1025 characters")],
+    ids=["empty", "nul", "lone-surrogate", "too-long"],
+)
+def test_a_step_name_no_journal_or_decision_could_take_is_refused_when_the_step_is_made(name, why):
+    """A lone surrogate failed at the first journal write, after the item's user code ran; a name over the
+    id limit was journaled, and no decision could name its holds (every surface refused it)."""
+    with pytest.raises(ValueError, match=why):
+        Step(name, lambda item, ctx: "ok", side_effect=True)
+
+
 @pytest.mark.parametrize("concurrency", [0, -1, 257, True, 2.0, "4", None])
 def test_bad_concurrency_is_refused(journal, journal_path, seeded, concurrency):
     before = snapshot(journal_path)
