@@ -95,6 +95,8 @@ class JournalBackend(Protocol):
     kind: str  # "sqlite" | "postgresql"
     shared: bool  # any worker may open it (a database server), or only the one whose disk holds it
     held_steps: str  # the steps table as held steps are read from it: through the partial index steps_held
+    # The most UTF-8 bytes a row's key (job_id + item_id + step) may take, or None: no limit below the ids'.
+    max_key_bytes: int | None
     durability: Durability
     migrated_from: int | None  # the schema version the open found (None: a new journal)
     commit_count: int  # write transactions committed; benchmarks and tests read them

@@ -89,6 +89,11 @@ class StepJournal(JournalReads, JournalDecisions, JournalHousekeeping):
         return self.engine.durability
 
     @property
+    def max_key_bytes(self) -> int | None:
+        """The most UTF-8 bytes job_id + item_id + step may take together here (None: the ids' own limits)."""
+        return self.engine.max_key_bytes
+
+    @property
     def migrated_from(self) -> int | None:
         """The schema version this open found (None: a new journal)."""
         return self.engine.migrated_from

@@ -147,6 +147,9 @@ class PostgresBackend(EngineBase):
 
     kind = "postgresql"
     shared = True
+    # A B-tree entry holds at most 2,704 bytes (a third of a page): the key's three texts, their headers and
+    # the entry's own. A longer key fails the row's first write - after the items before it were sent.
+    max_key_bytes: int | None = 2600
     held_steps = "steps"  # PostgreSQL's planner picks steps_held by itself, analyzed or not
 
     def __init__(

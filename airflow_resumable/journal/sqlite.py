@@ -106,6 +106,7 @@ class SqliteBackend(EngineBase):
 
     kind = "sqlite"
     shared = False
+    max_key_bytes: int | None = None
     # Given job_id = ?, SQLite's planner walks the job's rows in the primary key rather than the
     # partial index of held steps (it keeps no table sizes): a whole job of 100,000 items read for a
     # page of five held steps. The index is named.

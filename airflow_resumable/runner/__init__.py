@@ -26,7 +26,7 @@ from airflow_resumable.journal import HeldStep, StepJournal
 from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH
 from airflow_resumable.runner.batch import CHUNK_SIZE as CHUNK_SIZE
 from airflow_resumable.runner.batch import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
-from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepare
+from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepare, _room_for_item_ids
 from airflow_resumable.runner.decisions import Action as Action
 from airflow_resumable.runner.decisions import decide as decide
 from airflow_resumable.runner.drivers import MAX_CONCURRENCY as MAX_CONCURRENCY
@@ -105,6 +105,7 @@ def run_batch(
     progress_interval = check_progress_interval(progress_interval)
     checked_steps = _check_steps(steps)
     step_names = [s.name for s in checked_steps]
+    id_room = _room_for_item_ids(journal, job_id, step_names)
     items_total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
     started = last_report = time.monotonic()
     result = BatchResult(job_id=job_id, status="completed")
@@ -126,7 +127,7 @@ def run_batch(
         driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)
         try:
             for chunk in _chunks(items):
-                prepared = _prepare(chunk, id_field, result.items_total, run)
+                prepared = _prepare(chunk, id_field, result.items_total, run, max_id_bytes=id_room)
                 result.items_total += len(prepared)
                 # Items whose every step is SUCCEEDED with this very input are settled in bulk by
                 # the journal (row "SUCCEEDED -> skip" of the decision table, for all their steps).

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_resumable.exceptions import InvalidItemError, InvalidStepOutputError, NotSentError
-from airflow_resumable.journal import HeldReason, HeldStep, JobRun, StepState
+from airflow_resumable.journal import HeldReason, HeldStep, JobRun, StepJournal, StepState
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH
 from airflow_resumable.runner.decisions import HOLD_CHANGED, SKIP, VERIFY, decide
@@ -71,12 +71,32 @@ def _item_id(item: object, id_field: str, position: int) -> str:
     return item_id
 
 
-def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRun) -> list[_Prepared]:
+def _room_for_item_ids(journal: StepJournal, job_id: str, step_names: list[str]) -> int | None:
+    """The most UTF-8 bytes an item id may take in ``journal`` beside this job id and these steps (None: no
+    limit but the ids' own); ValueError if the job id and a step name already take the journal's key."""
+    if journal.max_key_bytes is None:
+        return None
+    taken = len(job_id.encode("utf-8")) + max(len(name.encode("utf-8")) for name in step_names)
+    if taken >= journal.max_key_bytes:
+        raise ValueError(
+            f"job_id and the longest step name take {taken} bytes; in journal {journal.location} a row's key "
+            f"(job_id + item_id + step) holds at most {journal.max_key_bytes} bytes (UTF-8): shorten the job_id"
+        )
+    return journal.max_key_bytes - taken
+
+
+def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRun, *,
+             max_id_bytes: int | None = None) -> list[_Prepared]:
     """Validate a whole chunk before any item of it is touched."""
     prepared: list[_Prepared] = []
     ids_here: set[str] = set()
     for offset, item in enumerate(chunk):
         item_id = _item_id(item, id_field, first_position + offset)
+        if max_id_bytes is not None and (size := len(item_id.encode("utf-8"))) > max_id_bytes:
+            raise InvalidItemError(
+                f"item at position {first_position + offset}: {id_field!r} is {size} bytes (UTF-8); beside this "
+                f"job_id and its step names a row's key leaves it at most {max_id_bytes}: shorten the id"
+            )
         if item_id in ids_here:
             raise InvalidItemError(f"item {item_id!r} appears twice in this batch; ids must be unique")
         ids_here.add(item_id)

@@ -137,6 +137,28 @@ def test_a_step_name_no_journal_or_decision_could_take_is_refused_when_the_step_
         Step(name, lambda item, ctx: "ok", side_effect=True)
 
 
+def test_ids_too_long_for_the_journals_key_are_refused_before_anything_is_sent(journal, journal_path, seeded):
+    """PostgreSQL's B-tree holds a key (job_id + item_id + step) of about 2,700 bytes: a longer one failed
+    at its row's first write, after the items before it were sent, with "retry the task" - on every retry.
+    Refused before anything is touched now; SQLite, which has no such limit, keeps taking them."""
+    long_job = "j" * 2700
+    cjk_item = {"id": "".join(chr(0x4E00 + n) for n in range(1000))}  # 1,000 characters, 3,000 bytes
+    room = 2600 - len(JOB) - len("transform")  # the key's bytes left for an item id
+    fits = {"id": "\u4e00" * (room // 3) + "i" * (room % 3)}  # exactly that many bytes, under 1,024 characters
+    if journal.max_key_bytes is None:
+        assert run_batch(journal, long_job, [{"id": "a"}], seeded.steps()).status == "completed"
+        assert run_batch(journal, JOB, [cjk_item], seeded.steps()).status == "completed"
+        return
+    before = snapshot(journal_path)
+    with pytest.raises(ValueError, match="take 2709 bytes.*at most 2600 bytes .*shorten the job_id"):
+        run_batch(journal, long_job, [{"id": "a"}], seeded.steps())
+    assert snapshot(journal_path) == before and seeded.calls == []
+    refused_run(journal, journal_path, seeded, [{"id": "c"}, cjk_item], InvalidItemError,
+                "position 1", "3000 bytes", "shorten the id")
+    assert run_batch(journal, JOB, [fits], seeded.steps()).status == "completed"
+    assert len(seeded.delivered) == 3
+
+
 @pytest.mark.parametrize("concurrency", [0, -1, 257, True, 2.0, "4", None])
 def test_bad_concurrency_is_refused(journal, journal_path, seeded, concurrency):
     before = snapshot(journal_path)
