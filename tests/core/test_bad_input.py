@@ -350,7 +350,7 @@ def _nested(depth: int) -> list:
     [(object(), "not JSON"), ({"x": {1, 2}}, "not JSON"), (float("nan"), "not JSON"),
      ("x" * (64 * 1024), "bytes of output"), ({"blob": "é" * 40000}, "bytes of output"),
      # text decoded with surrogateescape; a structure nested past Python's recursion limit
-     ({"x": b"ok-\xff".decode("utf-8", "surrogateescape")}, "UnicodeEncodeError"), (_nested(5000), "RecursionError")],
+     ({"x": b"ok-\xff".decode("utf-8", "surrogateescape")}, "UnicodeEncodeError"), (_nested(100_000), "RecursionError")],
 )
 def test_bad_local_step_output_records_failed_and_loses_nothing(journal, journal_path, seeded, value, why):
     seeded.transform_returns["c"] = value
@@ -395,7 +395,7 @@ def test_output_of_exactly_64_kib_is_accepted(journal, journal_path):
         run_batch(journal, JOB, [{"id": "edge"}, {"id": "over"}], rec.steps())
 
 
-@pytest.mark.parametrize("receipt", [{"huge": "y" * (70 * 1024)}, "rcpt-\udcff", _nested(5000)],
+@pytest.mark.parametrize("receipt", [{"huge": "y" * (70 * 1024)}, "rcpt-\udcff", _nested(100_000)],
                          ids=["too-big", "lone-surrogate", "nested-too-deep"])
 def test_bad_receipt_of_a_send_is_an_unknown_outcome_not_a_resend(journal, journal_path, seeded, receipt):
     """The send happened, then its return value was refused: the row is FAILED and next run holds it (a
