@@ -24,7 +24,7 @@ CORE_TESTS = $(addprefix tests/core/,test_article_scenario.py test_bad_input.py 
 	test_crash_matrix.py test_decide.py test_decision_input.py test_durability.py test_generations.py \
 	test_job_lock.py test_properties.py test_public_api.py test_receipt_log.py test_stale_decisions.py \
 	test_stop.py test_three_way_verify.py) \
-	$(addprefix tests/engines/,test_fleet_scale.py test_journal.py test_postgres_failures.py \
+	$(addprefix tests/engines/,test_compaction.py test_fleet_scale.py test_journal.py test_postgres_failures.py \
 	test_postgres_journal.py test_secrets.py test_shared_journal.py test_versions.py) \
 	tests/faces/test_cli.py
 # A Python of that minor: pyenv's, else one on PATH.

@@ -6,8 +6,11 @@ jobs), both of the same shape: 3 steps per item (``validate``, ``transform``, th
 ``notify``), realistic ids (``dag_07/send_orders/scheduled__2026-...``, ``order-00001234``), the
 older half of the jobs finished and settled (what a prune takes), the newer half each holding a few
 sends for a person (what the held page shows). The journals are filled here in SQL, one
-``INSERT ... SELECT`` per job, through the very triggers that keep each job's counts (schema 7), so
-the filled journal is what runs would have left, and no faster to read than theirs.
+``INSERT ... SELECT`` per job, through the very triggers that keep each job's counts, so the filled
+journal is what runs and ``compact()`` would have left, and no faster to read than theirs: every finished
+item compacted (schema 8: one row of ``compacted`` per item, its ``data`` packed by
+:func:`~airflow_resumable.journal.compaction.compact_item` from the rows a run writes for such an item),
+the held items' rows live in ``steps``.
 
 * **Reads**: jobs page (``jobs(limit=100)``), held page (``held(limit=100)``), one job's page
   (``job(id)`` + ``rows(id, limit=100)``), the CLI's ``jobs`` and ``held`` (a process each, as an
@@ -19,8 +22,9 @@ the filled journal is what runs would have left, and no faster to read than thei
   the journal as the page does, read-only; Airflow's sign-in is replaced by a viewer of every DAG).
 * **A new job**: ``new_items`` items at durability ``full`` (a synchronous commit before each send),
   per-item cost in the big journal / in the small one, ``new_reps`` times interleaved, medians.
-* **Bytes per item**: the steps table with its indexes, plus jobs, over the items (SQLite: ``dbstat``,
-  else the file size; PostgreSQL: ``pg_total_relation_size``), as filled and as a run writes them.
+* **Bytes per item**: the journal's tables with their indexes (steps, compacted, step_sets, jobs) over the
+  items (SQLite: ``dbstat``, else the file size; PostgreSQL: ``pg_total_relation_size``), as filled, as a
+  run writes them, and that run's journal once ``compact()`` went through it.
 * **Pruning at scale**: ``prune(timedelta(0))`` of the big journal's finished half, in a process of its
   own, while a runner in this process sends on the same journal; each durable commit (the ``IN_FLIGHT``
   marks) is timed around the engine's ``apply``. The first prune process is SIGKILLed once half the
@@ -51,6 +55,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from airflow_resumable.journal import StepJournal
+from airflow_resumable.journal.compaction import compact_item, step_set_key
 from airflow_resumable.journal.schema import recount_statement
 from airflow_resumable.runner import BatchStopped, run_batch
 from benchmarks import workload
@@ -94,7 +99,8 @@ class Shape:
 # ------------------------------------------------------------------------------ filling, in SQL
 
 # One job's rows: per item one digest shared by its 3 steps, rows in primary-key order; a held item's
-# send IN_FLIGHT and held (unknown outcome), every other row SUCCEEDED as the runner writes it.
+# send IN_FLIGHT and held (unknown outcome), every other row SUCCEEDED as the runner writes it. Only the
+# held items' rows are filled as rows (_HELD_ONLY); the others are compacted (_SQLITE_COMPACTED_FILL).
 _SQLITE_FILL = """
 WITH RECURSIVE n(i, d) AS (
     SELECT 0, lower(hex(randomblob(32)))
@@ -112,6 +118,15 @@ SELECT :job, 'order-' || printf('%08d', :base + n.i), s.step, s.side_effect,
        NULL, 1, :t0 + n.i * 0.002 + s.pos * 0.0001, :t0 + n.i * 0.002 + s.pos * 0.0001 + s.side_effect * 0.001,
        0, 0, 1 + s.side_effect
 FROM n CROSS JOIN s
+WHERE :live OR (n.i % :stride = 0 AND n.i / :stride < :held)
+"""
+
+# The finished items as compact() leaves them: one row each, the job's template of packed rows.
+_SQLITE_COMPACTED_FILL = """
+WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < :items)
+INSERT INTO compacted (job_no, step_set, n_steps, item_id, digest, data)
+SELECT :job_no, :step_set, 3, 'order-' || printf('%08d', :base + n.i), randomblob(32), :data
+FROM n WHERE NOT :live AND NOT (n.i % :stride = 0 AND n.i / :stride < :held)
 """
 
 _POSTGRES_FILL = """
@@ -129,28 +144,59 @@ SELECT %(job)s, 'order-' || lpad((%(base)s + n.i)::text, 8, '0'), s.step, s.side
 FROM (SELECT i, md5(random()::text) || md5(random()::text) AS d, i %% %(stride)s = 0 AND i / %(stride)s < %(held)s AS held
       FROM generate_series(%(first)s::integer, %(last)s::integer) AS i) AS n
 CROSS JOIN (VALUES ('notify', 1, 2), ('transform', 0, 1), ('validate', 0, 0)) AS s(step, side_effect, pos)
+WHERE %(live)s OR n.held
 ORDER BY n.i, s.step
 """
 
-_JOB_ROW = """INSERT INTO jobs (job_id, created_at, updated_at, last_runner, finished_at, dag_id)
-              VALUES ({p}, {p}, {p}, 'fill', {p}, {p})"""
+_POSTGRES_COMPACTED_FILL = """
+INSERT INTO compacted (job_no, step_set, n_steps, item_id, digest, data)
+SELECT %(job_no)s, %(step_set)s, 3, 'order-' || lpad((%(base)s + i)::text, 8, '0'),
+       decode(md5(random()::text) || md5(random()::text), 'hex'), %(data)s
+FROM generate_series(%(first)s::integer, %(last)s::integer) AS i
+WHERE NOT %(live)s AND NOT (i %% %(stride)s = 0 AND i / %(stride)s < %(held)s)
+ORDER BY i
+"""
+
+_JOB_ROW = """INSERT INTO jobs (job_id, created_at, updated_at, last_runner, finished_at, dag_id, job_no, compacted_at)
+              VALUES ({p}, {p}, {p}, 'fill', {p}, {p}, {p}, {p})"""
+_STEP_SET = "INSERT INTO step_sets (id, hash, names) VALUES (1, {p}, {p})"
+_TABLES = "'steps', 'compacted', 'step_sets', 'jobs'"  # what a journal's size is made of
+
+
+def _job_row(p: dict[str, Any], dag_id: str) -> tuple[Any, ...]:
+    return p["job"], p["t0"], p["finished"], p["finished"], dag_id, p["job_no"], p["finished"]
+
+
+def _packed_item(p: dict[str, Any]) -> bytes:
+    """What compact() writes for one of the job's finished items: the rows _SQLITE_FILL gives one, packed."""
+    t = p["t0"] + p["items"] // 2 * 0.002
+    rows = [(p["job"], "order-00000000", step, side_effect, "SUCCEEDED", "ab" * 32,
+             "receipt" if side_effect else None, '"receipt"' if side_effect else "null", None, None, None, 1,
+             t + pos * 0.0001, t + pos * 0.0001 + side_effect * 0.001, 0, 0, 1 + side_effect)
+            for step, side_effect, pos in (("notify", 1, 2), ("transform", 0, 1), ("validate", 0, 0))]
+    packed = compact_item(p["job"], "order-00000000", rows)
+    assert packed is not None
+    return packed.data
 
 
 def _job_params(shape: Shape, k: int, now: float) -> dict[str, Any]:
     t0 = now - DAYS * 86400 + k * (DAYS * 86400 / shape.jobs)
     held = shape.held(k)
-    return {"job": shape.job_id(k), "items": shape.per_job, "base": k * shape.per_job, "t0": t0,
-            "held": held, "stride": max(1, shape.per_job // max(1, held)),
-            "finished": t0 + shape.per_job * 0.002 + 1.0}
+    p = {"job": shape.job_id(k), "items": shape.per_job, "base": k * shape.per_job, "t0": t0,
+         "held": held, "stride": max(1, shape.per_job // max(1, held)),
+         "finished": t0 + shape.per_job * 0.002 + 1.0, "job_no": k + 1, "step_set": 1}
+    return p | {"data": _packed_item(p)}
 
 
-def fill(engine: Engine, shape: Shape) -> float:
-    """Fill an empty journal with ``shape``, job by job; returns the seconds it took."""
+def fill(engine: Engine, shape: Shape, *, compacted: bool = True) -> float:
+    """Fill an empty journal with ``shape``, job by job; returns the seconds it took. ``compacted=False``:
+    every item's rows live in ``steps`` (as a run leaves them, before compaction)."""
     now = time.time()
     start = time.perf_counter()
     with engine.connection() as conn:
+        conn.execute(_STEP_SET.format(p=engine.placeholder), step_set_key(workload.STEP_NAMES)[::-1])
         for k in range(shape.jobs):
-            p = _job_params(shape, k, now)
+            p = _job_params(shape, k, now) | {"live": not compacted}
             engine.fill_job(conn, p, shape.dag_id(k))
         engine.after_fill(conn)
     return time.perf_counter() - start
@@ -165,6 +211,7 @@ class Engine:
     """Where a journal lives, how it is filled and sized, and how the CLI is pointed at it."""
 
     kind = ""
+    placeholder = "?"
 
     def __init__(self, location: str) -> None:
         self.location = location
@@ -204,6 +251,9 @@ class Engine:
     def after_fill(self, conn: Any) -> None:
         pass
 
+    def after_compact(self) -> None:
+        """Give the space of the rows compaction deleted back, as the engine's own maintenance would."""
+
     def bytes(self) -> tuple[int, str]:
         raise NotImplementedError
 
@@ -226,19 +276,20 @@ class SqliteEngine(Engine):
 
     def fill_job(self, conn: Any, p: dict[str, Any], dag_id: str) -> None:
         conn.execute("BEGIN IMMEDIATE")
-        conn.execute(_JOB_ROW.format(p="?"), (p["job"], p["t0"], p["finished"], p["finished"], dag_id))
+        conn.execute(_JOB_ROW.format(p="?"), _job_row(p, dag_id))
         conn.execute(_SQLITE_FILL, p)
+        conn.execute(_SQLITE_COMPACTED_FILL, p)
         conn.execute("COMMIT")
 
     def bytes(self) -> tuple[int, str]:
         with self.connection() as conn:
             conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
             names = [n for (n,) in conn.execute(
-                "SELECT name FROM sqlite_master WHERE tbl_name IN ('steps', 'jobs') AND type IN ('table', 'index')")]
+                f"SELECT name FROM sqlite_master WHERE tbl_name IN ({_TABLES}) AND type IN ('table', 'index')")]
             try:
                 (size,) = conn.execute(
                     f"SELECT sum(pgsize) FROM dbstat WHERE name IN ({','.join('?' * len(names))})", names).fetchone()
-                return int(size), "dbstat (steps, jobs and their indexes)"
+                return int(size), f"dbstat ({_TABLES.replace(chr(39), '')} and their indexes)"
             except sqlite3.OperationalError:  # a SQLite built without dbstat
                 return os.path.getsize(self.location), "file size"
 
@@ -248,6 +299,7 @@ class SqliteEngine(Engine):
 
 class PostgresEngine(Engine):
     kind = "postgresql"
+    placeholder = "%s"
     SCHEMA = "resumable"  # the journal's default
 
     def open(self, **options: Any) -> StepJournal:
@@ -278,19 +330,28 @@ class PostgresEngine(Engine):
 
     def fill_job(self, conn: Any, p: dict[str, Any], dag_id: str) -> None:
         with conn.transaction():
-            conn.execute(_JOB_ROW.format(p="%s"), (p["job"], p["t0"], p["finished"], p["finished"], dag_id))
+            conn.execute(_JOB_ROW.format(p="%s"), _job_row(p, dag_id))
             for first in range(0, p["items"], self.FILL_CHUNK):
-                conn.execute(_POSTGRES_FILL, p | {"first": first, "last": min(p["items"], first + self.FILL_CHUNK) - 1})
+                chunk = p | {"first": first, "last": min(p["items"], first + self.FILL_CHUNK) - 1}
+                conn.execute(_POSTGRES_FILL, chunk)
+                conn.execute(_POSTGRES_COMPACTED_FILL, chunk)
 
     def after_fill(self, conn: Any) -> None:
         # What autovacuum would do by itself a little later: statistics for the planner.
-        conn.execute("VACUUM ANALYZE steps")
-        conn.execute("VACUUM ANALYZE jobs")
+        for table in ("steps", "compacted", "jobs"):
+            conn.execute(f"VACUUM ANALYZE {table}")
+        # The fill numbered the jobs itself: the next compaction numbers on after them.
+        conn.execute("SELECT setval('job_numbers', (SELECT max(job_no) FROM jobs))")
+
+    def after_compact(self) -> None:
+        with self.connection() as conn:
+            conn.execute("VACUUM FULL steps")  # autovacuum reuses the space; only FULL shows it here
 
     def bytes(self) -> tuple[int, str]:
+        sizes = " + ".join(f"pg_total_relation_size('{t}')" for t in _TABLES.replace("'", "").split(", "))
         with self.connection() as conn:
-            (size,) = conn.execute("SELECT pg_total_relation_size('steps') + pg_total_relation_size('jobs')").fetchone()
-        return int(size), "pg_total_relation_size(steps) + pg_total_relation_size(jobs)"
+            (size,) = conn.execute(f"SELECT {sizes}").fetchone()
+        return int(size), sizes
 
 
 # ------------------------------------------------------------------------------------- reading
@@ -600,6 +661,11 @@ def _run(engines: Mapping[str, Engine], runner_engine: Engine, p: dict[str, int]
     with runner_engine.open(durability="normal") as journal:
         run_new_job(journal, "bench_bytes/send/manual__0", p["new_items"])
     sizes["runner"] = _bytes_per_item(runner_engine, p["new_items"])
+    with runner_engine.open() as journal:  # ... and once compaction went through them
+        if journal.compact(timedelta(0)) != {"bench_bytes/send/manual__0": p["new_items"]}:
+            raise AssertionError("compact() did not take every finished item of the run")
+    runner_engine.after_compact()
+    sizes["runner_compacted"] = _bytes_per_item(runner_engine, p["new_items"])
 
     limit = cli_has_limit()
     with contextlib.ExitStack() as stack:

@@ -77,12 +77,24 @@ def assert_counts_exact(location: str | Path) -> None:
 
 
 def sqlite_downgrade(path: str | Path, version: int) -> None:
-    """Take a SQLite journal written by this release back to an older schema ``version`` (5 or 6), as
-    that release would have left it: for the migration tests of journals that hold real runs' rows."""
+    """Take a SQLite journal written by this release back to an older schema ``version`` (5, 6 or 7), as
+    that release would have left it: for the migration tests of journals that hold real runs' rows (with
+    no compacted items: version 7 had none)."""
     from airflow_resumable.journal.schema import COUNTERS
 
     conn = sqlite3.connect(str(path), isolation_level=None)
     try:
+        assert conn.execute("SELECT count(*) FROM compacted").fetchone()[0] == 0, "expand the items first"
+        for trigger in ("compacted_kept", "compacted_counted_insert", "compacted_counted_delete"):
+            conn.execute(f"DROP TRIGGER {trigger}")
+        conn.execute("DROP TABLE compacted")
+        conn.execute("DROP TABLE step_sets")
+        conn.execute("DROP INDEX jobs_by_number")
+        conn.execute("ALTER TABLE jobs DROP COLUMN job_no")
+        conn.execute("ALTER TABLE jobs DROP COLUMN compacted_at")
+        if version == 7:
+            conn.execute("PRAGMA user_version = 7")
+            return
         for trigger in ("steps_key_fixed", "steps_counted_insert", "steps_counted_update", "steps_counted_delete"):
             conn.execute(f"DROP TRIGGER {trigger}")
         conn.execute("DROP INDEX jobs_by_created")
@@ -107,6 +119,13 @@ def postgres_downgrade_to_6(url: str, schema: str = "resumable") -> None:
 
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'SET search_path = "{schema}"')
+        assert conn.execute("SELECT count(*) FROM compacted").fetchone()[0] == 0, "expand the items first"
+        for name in ("compacted_kept", "compacted_counted_insert", "compacted_counted_delete"):
+            conn.execute(f"DROP TRIGGER {name} ON compacted")
+            conn.execute(f"DROP FUNCTION {name}()")
+        for statement in ("DROP TABLE compacted", "DROP TABLE step_sets", "DROP SEQUENCE job_numbers",
+                          "DROP INDEX jobs_by_number", "ALTER TABLE jobs DROP COLUMN job_no, DROP COLUMN compacted_at"):
+            conn.execute(statement)
         for name in ("steps_key_fixed", "steps_counted_insert", "steps_counted_update", "steps_counted_delete"):
             conn.execute(f"DROP TRIGGER {name} ON steps")
             conn.execute(f"DROP FUNCTION {name}()")

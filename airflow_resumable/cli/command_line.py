@@ -132,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
     audit.add_argument("job_id")
     prune = add("prune", help="forget finished jobs older than a cut-off")
     prune.add_argument("--older-than", type=_duration, required=True, help=DURATION_HELP)
+    compact = add("compact", help="keep the finished items of jobs not run for a while as one row each (the "
+                                  "journal shows them as before)")
+    compact.add_argument("--older-than", type=_duration, default=timedelta(hours=1),
+                         help=DURATION_HELP + " Default 1h.")
     export = add("export", help="a job's rows as JSON or CSV (all of them, streamed)")
     export.add_argument("job_id")
     export.add_argument("--format", choices=["json", "csv"], default="json")

@@ -1,7 +1,7 @@
 """What each sub-command does with the journal, once its arguments are checked.
 
 Read commands (:data:`READ_COMMANDS`) open the journal read-only, so they work on a full disk;
-``resolve``, ``resolve-input`` and ``prune`` write. No command creates a journal: a typo in a path
+``resolve``, ``resolve-input``, ``prune`` and ``compact`` write. No command creates a journal: a typo in a path
 must not leave an empty one behind.
 """
 
@@ -132,6 +132,13 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
             out.write(json.dumps({"pruned": pruned}) + "\n")
         else:
             out.write(f"pruned {len(pruned)} job(s)" + "".join(f"\n  {printable(j)}" for j in pruned) + "\n")
+    elif args.command == "compact":
+        compacted = journal.compact(args.older_than)
+        if args.json:
+            out.write(json.dumps({"compacted": compacted}) + "\n")
+        else:
+            out.write(f"compacted {sum(compacted.values())} item(s) of {len(compacted)} job(s)"
+                      + "".join(f"\n  {printable(j)}: {n}" for j, n in compacted.items()) + "\n")
     elif args.command == "export":  # streamed: a page in memory at a time, however big the job
         exported = (plain(r) for r in each(functools.partial(journal.rows, args.job_id)))
         if args.format == "json":

@@ -19,8 +19,8 @@ from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.statements import Statement
 
 __all__ = [
-    "BRIEF_HOLDERS", "DURABILITIES", "Claim", "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Statement",
-    "Tx", "checked_durability",
+    "BRIEF_HOLDERS", "COMPACTION_RUNNER", "DURABILITIES", "Claim", "Durability", "EngineBase", "JournalBackend",
+    "ReceiptLog", "Statement", "Tx", "checked_durability",
 ]
 
 Durability = Literal["full", "normal"]
@@ -35,8 +35,8 @@ def checked_durability(value: object, setting: str = "durability") -> Durability
     raise ValueError(f"{setting} must be 'full' or 'normal', not {value!r}")
 
 # Who holds a job only for one short transaction: a runner finding them waits instead of failing.
-FOLD_RUNNER, RESOLUTION_RUNNER = "receipt log fold", "resolution"
-BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER)
+FOLD_RUNNER, RESOLUTION_RUNNER, COMPACTION_RUNNER = "receipt log fold", "resolution", "compaction"
+BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER, COMPACTION_RUNNER)
 
 
 class Tx(Protocol):
@@ -97,6 +97,8 @@ class JournalBackend(Protocol):
     held_steps: str  # the steps table as held steps are read from it: through the partial index steps_held
     # The most UTF-8 bytes a row's key (job_id + item_id + step) may take, or None: no limit below the ids'.
     max_key_bytes: int | None
+    next_job_no: str  # SQL for a job's number when it is first compacted (a fresh one, whoever asks at once)
+    digest_hex: str  # SQL for a compacted digest ({} is its column) as the lowercase hex the steps table keeps
     durability: Durability
     migrated_from: int | None  # the schema version the open found (None: a new journal)
     commit_count: int  # write transactions committed; benchmarks and tests read them
@@ -132,6 +134,10 @@ class JournalBackend(Protocol):
 
     def scratch(self) -> contextlib.AbstractContextManager[Tx]:
         """A transaction on the run's temporary tables only (no lock on the journal)."""
+        ...
+
+    def snapshot(self) -> contextlib.AbstractContextManager[Tx]:
+        """A read-only transaction: its reads all see the journal as it was at its first."""
         ...
 
     def claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:

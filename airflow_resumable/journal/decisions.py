@@ -102,6 +102,8 @@ class JournalDecisions:
     ) -> Resolution:
         found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
         if found is None:
+            if expected_version is not None and step in (_compacted_steps(tx, job_id, item_id) or ()):
+                raise _stale(job_id, item_id, step, expected_version, "SUCCEEDED, not held (the item is compacted)")
             raise self._no_such_row(tx, job_id, item_id, step)
         side_effect, status, held_reason, not_sent, counter, created_at, attempts, generation = found
         version = version_text(counter, created_at)
@@ -158,7 +160,7 @@ class JournalDecisions:
         found = tx.one(sql.INPUT_CHANGE_HOLD, (job_id, item_id))
         if found is None:
             missing = self._no_such_row(tx, job_id, item_id, None)
-            if expected_version is not None and tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id)) is not None:
+            if expected_version is not None and tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id) * 2) is not None:
                 # It was held when it was looked at: a run or another person settled it since.
                 raise _stale(job_id, item_id, "(its input change)", expected_version,
                              "no longer held for an input change") from None
@@ -283,8 +285,17 @@ class JournalDecisions:
     def _no_such_row(self, tx: Tx, job_id: str, item_id: str, step: str | None) -> NotHeldError:
         if tx.one(sql.JOB_EXISTS, (job_id,)) is None:
             return NotHeldError(f"unknown job {job_id!r} in journal {self.engine.location}; check the job_id")
-        if tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id)) is None:
+        if tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id) * 2) is None:
             return NotHeldError(f"job {job_id!r} has no item {item_id!r}; check the item_id")
         if step is None:
             return NotHeldError(f"{job_id} / {item_id} is not held for an input change")
+        if step in (_compacted_steps(tx, job_id, item_id) or ()):
+            return NotHeldError(f"{job_id} / {item_id} / {step} is SUCCEEDED (its item is compacted), not an "
+                                "unknown-outcome send; there is nothing to resolve")
         return NotHeldError(f"item {item_id!r} of job {job_id!r} has no step {step!r}; check the step name")
+
+
+def _compacted_steps(tx: Tx, job_id: str, item_id: str) -> list[str] | None:
+    """The step names of the item when it is compacted (every one SUCCEEDED), else None."""
+    found = tx.one(sql.COMPACTED_STEPS, (job_id, item_id))
+    return None if found is None else list(json.loads(found[0]))

@@ -10,6 +10,7 @@ from typing import Any
 
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import BRIEF_HOLDERS, Claim, JournalBackend, Statement
+from airflow_resumable.journal.compaction import expand_item, step_set_key
 from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
 
@@ -62,8 +63,12 @@ class JobRun:
             # without holding a million ids in memory); rows after _chunk_start are the current chunk.
             with engine.scratch() as tx:
                 tx.run(engine.seen_table_ddl(self._seen_table))
-            # A job with no rows yet cannot have finished items: its first run skips the bulk check.
-            self._new_job = not engine.read(sql.JOB_HAS_ROWS, (job_id,))
+            # A job with no rows yet cannot have finished items: its first run skips the bulk check. (Rows
+            # live or compacted: a job of compacted items only is no new job.)
+            self._new_job = not engine.read(sql.JOB_HAS_ROWS, (job_id, job_id))
+            found = engine.read(sql.JOB_NUMBER, (job_id,))
+            self._job_no: int | None = found[0][0] if found else None  # None: never compacted
+            self._step_sets: dict[tuple[str, ...], int | None] = {}
             # A previous run of this job that died left its receipts behind: commit them before deciding.
             engine.recover(job_id)
             self._receipts = engine.receipt_log(job_id)
@@ -146,13 +151,38 @@ class JobRun:
         """
         if self._new_job:
             return set(self._chunk_ids)
-        return {
+        unfinished = {
             r[0]
             for r in self.engine.read(
-                sql.seen_unfinished(self._seen_table, len(steps)),
-                (self._chunk_start, len(steps), self.job_id, *steps),
+                sql.seen_unfinished(self._seen_table, len(steps), self.engine.digest_hex),
+                (self._chunk_start, len(steps), self.job_id, *steps, self._job_no, self._step_set(steps)),
             )
         }
+        if unfinished and self._job_no is not None:
+            self._expand([item_id for item_id in self._chunk_ids if item_id in unfinished])
+        return unfinished
+
+    def _step_set(self, steps: Sequence[str]) -> int | None:
+        """The number of this run's step set among compacted items' (None: no item was compacted with it)."""
+        key = tuple(steps)
+        if key not in self._step_sets:
+            found = self.engine.read(sql.STEP_SET_ID, (step_set_key(steps)[1],)) if self._job_no is not None else []
+            self._step_sets[key] = found[0][0] if found else None
+        return self._step_sets[key]
+
+    def _expand(self, item_ids: Sequence[str]) -> None:
+        """Put the compacted ones among these items back in steps, their rows as they were, before the run
+        looks at them (an item the run works on is never left split between the two)."""
+        for start in range(0, len(item_ids), LOOKUP_CHUNK):
+            part = item_ids[start:start + LOOKUP_CHUNK]
+            found = self.engine.read(sql.compacted_items(len(part)), (self._job_no, *part))
+            if not found:
+                continue
+            rows = [row for item_id, digest, names, data in found
+                    for row in expand_item(self.job_id, item_id, digest, json.loads(names), data)]
+            self.engine.apply([Statement(sql.RESTORE_ROW, rows, many=True),
+                               Statement(sql.COMPACTED_DELETE, [(self._job_no, r[0]) for r in found], many=True)],
+                              durable=False)
 
     # -- records --------------------------------------------------------------------------------
 

@@ -150,6 +150,8 @@ class PostgresBackend(EngineBase):
     # A B-tree entry holds at most 2,704 bytes (a third of a page): the key's three texts, their headers and
     # the entry's own. A longer key fails the row's first write - after the items before it were sent.
     max_key_bytes: int | None = 2600
+    next_job_no = "nextval('job_numbers')"
+    digest_hex = "encode({}, 'hex')"
     held_steps = "steps"  # PostgreSQL's planner picks steps_held by itself, analyzed or not
 
     def __init__(
@@ -408,6 +410,17 @@ class PostgresBackend(EngineBase):
         with self._guard():
             conn.execute(_pg(statement.sql), statement.params)
         self._committed(synchronous)
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[PgTx]:
+        conn = self._connection
+        with self._guard(), conn.cursor() as cursor:
+            cursor.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            try:
+                yield PgTx(cursor)
+            finally:
+                if not conn.broken:
+                    cursor.execute("COMMIT")
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[PgTx]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import JournalBackend
 from airflow_resumable.journal.checks import text_problem
+from airflow_resumable.journal.compaction import expand_item
 from airflow_resumable.journal.errors import PageError
 from airflow_resumable.journal.records import (
     MAX_CURSOR_LENGTH,
@@ -160,15 +161,58 @@ class JournalReads:
             if str(status) not in Status.__members__:
                 raise PageError(f"unknown row status {str(status)[:40]!r}; use one of {', '.join(Status.__members__)}")
             query, params = query + sql.ROWS_STATUS, [*params, str(status)]
+        after: tuple[str, float, str] | None = None
         if cursor is not None:
             of_job, after_item, after_created, after_step = _cursor_key(cursor, "rows", (str, str, float, str))
             _same_job(of_job, job_id, cursor)
             query += sql.ROWS_AFTER
             params += [after_item, after_item, after_created, after_created, after_step]
-        found = self._page(query + sql.ROWS_ORDER, params, limit)
+            after = (after_item, after_created, after_step)
+        # One snapshot: an item compacted or put back meanwhile is seen once, where it was when the page was read.
+        with self.engine.snapshot() as tx:
+            found = self._page(query + sql.ROWS_ORDER, params, limit, tx.all)
+            if status is None or str(status) == Status.SUCCEEDED.value:  # compacted items are SUCCEEDED throughout
+                found = self._with_compacted(tx.all, job_id, item_id, after, limit, found)
         records = [step_record(r) for r in found]
         last = found[-1] if found.more else None
         return Page(records, None if last is None else _cursor("rows", job_id, last[1], last[12], last[2]))
+
+    def _with_compacted(
+        self, read: Callable[..., list[tuple[Any, ...]]], job_id: str, item_id: str | None,
+        after: tuple[str, float, str] | None, limit: int | None, live: _Found,
+    ) -> _Found:
+        """A page of the job's live rows merged with its compacted items' rows, in the one order of its rows:
+        by item (in the database's order of its keys), then as each item's rows go."""
+        found = read(sql.JOB_NUMBER, (job_id,))
+        job_no = found[0][0] if found else None
+        if job_no is None:
+            return live  # never compacted
+        query, params = sql.COMPACTED_PAGE, [job_no]
+        if item_id is not None:
+            query, params = query + sql.COMPACTED_PAGE_ITEM, [*params, item_id]
+        if after is not None:
+            query, params = query + sql.COMPACTED_PAGE_FROM, [*params, after[0]]
+        query += sql.COMPACTED_PAGE_ORDER
+        if limit is not None:  # the cursor's own item may have nothing left: one more than the page needs
+            query, params = query + " LIMIT ?", [*params, limit + 2]
+        compacted: dict[str, list[tuple[Any, ...]]] = {}
+        for of_item, digest, names, data in read(query, params):
+            rows = sorted(expand_item(job_id, of_item, digest, json.loads(names), data), key=lambda r: (r[12], r[2]))
+            if after is not None and of_item == after[0]:
+                rows = [r for r in rows if (r[12], r[2]) > after[1:]]
+            if rows:
+                compacted[of_item] = rows
+        if not compacted:
+            return live
+        by_item: dict[str, list[tuple[Any, ...]]] = {}
+        for row in live:
+            by_item.setdefault(row[1], []).append(row)
+        ids = [*by_item, *(i for i in compacted if i not in by_item)]  # never both (one snapshot): one each anyway
+        order = [r[0] for r in read(sql.in_key_order(len(ids)), ids)]
+        merged = [row for of_item in order for row in by_item.get(of_item) or compacted[of_item]]
+        if limit is None:
+            return _Found(merged, more=False)
+        return _Found(merged[:limit], more=len(merged) > limit or live.more)
 
     def held(self, job_id: str | None = None, *, limit: int | None = None, cursor: str | None = None) -> Page[HeldStep]:
         """Steps the runner held for a human, in one job or in all, by job, item and step.
@@ -200,13 +244,17 @@ class JournalReads:
         last = found[-1] if found.more else None
         return Page(found, None if last is None else _cursor("held", last[0], last[1], last[2]))
 
-    def _page(self, query: str, params: list[Any], limit: int | None) -> _Found:
-        """The rows of ``query``; with a limit, at most that many, and whether more follow."""
+    def _page(
+        self, query: str, params: list[Any], limit: int | None, read: Callable[..., list[tuple[Any, ...]]] | None = None,
+    ) -> _Found:
+        """The rows of ``query`` (through ``read``, default the engine's); with a limit, at most that many, and
+        whether more follow."""
+        read = read or self.engine.read
         if limit is None:
-            return _Found(self.engine.read(query, params), more=False)
+            return _Found(read(query, params), more=False)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
             raise PageError(f"limit must be a whole number from 1 to {MAX_PAGE}, not {str(limit)[:40]!r}")
-        found = self.engine.read(query + " LIMIT ?", [*params, limit + 1])
+        found = read(query + " LIMIT ?", [*params, limit + 1])
         return _Found(found[:limit], more=len(found) > limit)
 
     def open_rows(self, job_id: str) -> list[StepRecord]:

@@ -107,6 +107,8 @@ class SqliteBackend(EngineBase):
     kind = "sqlite"
     shared = False
     max_key_bytes: int | None = None
+    next_job_no = "(SELECT coalesce(max(job_no), 0) + 1 FROM jobs)"  # writers take turns: no two get one number
+    digest_hex = "lower(hex({}))"
     # Given job_id = ?, SQLite's planner walks the job's rows in the primary key rather than the
     # partial index of held steps (it keeps no table sizes): a whole job of 100,000 items read for a
     # page of five held steps. The index is named.
@@ -387,6 +389,19 @@ class SqliteBackend(EngineBase):
         if durable and self.durability == "full":
             self._sync_wal()
             self.durable_commit_count += 1
+
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[SqliteTx]:
+        # A deferred transaction reads one snapshot of the WAL from its first read on (no lock taken).
+        conn = self._connection
+        try:
+            conn.execute("BEGIN")
+            try:
+                yield SqliteTx(conn)
+            finally:
+                conn.execute("COMMIT")
+        except sqlite3.DatabaseError as exc:
+            raise self._corrupt(exc) from None
 
     @contextlib.contextmanager
     def scratch(self) -> Iterator[SqliteTx]:

@@ -153,8 +153,14 @@ TAKE_BACK_MARK = "DELETE FROM steps WHERE job_id = ? AND item_id = ? AND step = 
 
 JOB_PRUNED_AT = "SELECT pruned_at FROM jobs WHERE job_id = ?"
 JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
-JOB_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? LIMIT 1"
-ITEM_HAS_ROWS = "SELECT 1 FROM steps WHERE job_id = ? AND item_id = ? LIMIT 1"
+# A job's or an item's rows, live or compacted (params: job_id twice; job_id, item_id twice).
+JOB_HAS_ROWS = """SELECT 1 FROM steps WHERE job_id = ?
+                  UNION ALL SELECT 1 FROM compacted k JOIN jobs j ON j.job_no = k.job_no WHERE j.job_id = ?
+                  LIMIT 1"""
+ITEM_HAS_ROWS = """SELECT 1 FROM steps WHERE job_id = ? AND item_id = ?
+                   UNION ALL SELECT 1 FROM compacted k JOIN jobs j ON j.job_no = k.job_no
+                   WHERE j.job_id = ? AND k.item_id = ?
+                   LIMIT 1"""
 
 
 def lookup_rows(count: int) -> str:
@@ -290,10 +296,76 @@ def seen_repeated(table: str, count: int) -> str:
     return f"SELECT item_id FROM {table} WHERE item_id IN ({','.join('?' * count)})"
 
 
-def seen_unfinished(table: str, steps: int) -> str:
-    """Ids of the current chunk not SUCCEEDED with the admitted input for every one of the steps."""
+def seen_unfinished(table: str, steps: int, digest_hex: str) -> str:
+    """Ids of the current chunk not SUCCEEDED with the admitted input for every one of the steps: neither
+    in live rows nor as a compacted item of the same step set and digest. ``digest_hex``: the engine's
+    expression for a compacted digest as lowercase hex (``{}`` where the column goes)."""
     return f"""SELECT c.item_id FROM {table} c
                WHERE c.n > ? AND ? != (
                    SELECT count(*) FROM steps s
                    WHERE s.job_id = ? AND s.item_id = c.item_id AND s.step IN ({','.join('?' * steps)})
-                     AND s.status = 'SUCCEEDED' AND s.digest = c.digest AND s.held_reason IS NULL)"""
+                     AND s.status = 'SUCCEEDED' AND s.digest = c.digest AND s.held_reason IS NULL)
+                 AND NOT EXISTS (
+                   SELECT 1 FROM compacted k
+                   WHERE k.job_no = ? AND k.item_id = c.item_id AND k.step_set = ?
+                     AND {digest_hex.format("k.digest")} = c.digest)"""
+
+
+# -- compacted items (schema version 8; see journal/compaction.py) ------------------------------------
+
+JOB_NUMBER = "SELECT job_no FROM jobs WHERE job_id = ?"
+COMPACTED_STEPS = """SELECT s.names FROM compacted k JOIN jobs j ON j.job_no = k.job_no JOIN step_sets s ON s.id = k.step_set
+                     WHERE j.job_id = ? AND k.item_id = ?"""
+# {next_job_no}: the engine's next free job number (JournalBackend.next_job_no).
+NUMBER_JOB = "UPDATE jobs SET job_no = {next_job_no} WHERE job_id = ? AND job_no IS NULL"
+STEP_SET_ADD = "INSERT INTO step_sets (hash, names) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING"
+STEP_SET_ID = "SELECT id FROM step_sets WHERE hash = ?"
+# Jobs with items to compact: a run went through them since compaction last did, and none since the cut-off.
+COMPACT_CANDIDATES = """
+SELECT job_id FROM jobs WHERE pruned_at IS NULL AND finished_at IS NOT NULL AND n_succeeded > 0
+  AND (compacted_at IS NULL OR compacted_at < finished_at) AND updated_at < ? ORDER BY created_at, job_id
+"""
+JOB_STILL_COMPACTABLE = """SELECT 1 FROM jobs WHERE job_id = ? AND pruned_at IS NULL AND finished_at IS NOT NULL
+                           AND updated_at < ?"""
+# The next batch of at most ? live items after the given one, as the range (after, last] of the primary key.
+COMPACT_ROWS = f"SELECT {RECORD_COLUMNS} FROM steps WHERE job_id = ? AND item_id > ? AND item_id <= ? ORDER BY item_id"
+
+
+def compacted_insert(count: int) -> str:
+    return ("INSERT INTO compacted (job_no, step_set, n_steps, item_id, digest, data) VALUES "
+            + ", ".join(["(?, ?, ?, ?, ?, ?)"] * count))
+
+
+def items_delete(count: int) -> str:
+    """The live rows of ``count`` items of a job (now compacted)."""
+    return f"DELETE FROM steps WHERE job_id = ? AND item_id IN ({','.join('?' * count)})"
+
+JOB_COMPACTED = "UPDATE jobs SET compacted_at = ? WHERE job_id = ?"
+
+
+def compacted_items(count: int) -> str:
+    """``count`` items of a job (by number) as compacted, with their step sets' names."""
+    return f"""SELECT k.item_id, k.digest, s.names, k.data FROM compacted k JOIN step_sets s ON s.id = k.step_set
+               WHERE k.job_no = ? AND k.item_id IN ({','.join('?' * count)})"""
+
+
+# An item put back in steps: its rows exactly as they were (version, attempts, times), then its compacted row goes.
+RESTORE_ROW = f"INSERT INTO steps ({RECORD_COLUMNS}) VALUES ({', '.join('?' * 17)})"
+COMPACTED_DELETE = "DELETE FROM compacted WHERE job_no = ? AND item_id = ?"
+# A job's page of compacted items (rows()): after the cursor's item, by the primary key.
+COMPACTED_PAGE = """SELECT k.item_id, k.digest, s.names, k.data FROM compacted k JOIN step_sets s ON s.id = k.step_set
+                    WHERE k.job_no = ?"""
+COMPACTED_PAGE_ITEM = " AND k.item_id = ?"
+COMPACTED_PAGE_FROM = " AND k.item_id >= ?"
+COMPACTED_PAGE_ORDER = " ORDER BY k.item_id"
+
+
+def in_key_order(count: int) -> str:
+    """``count`` item ids sorted as the journal's keys are (the database's own order of its text)."""
+    return f"SELECT column1 FROM (VALUES {', '.join(['(?)'] * count)}) AS ids ORDER BY column1"
+
+
+# Prune: a job's compacted items, a bounded batch per transaction, as its live rows.
+PRUNE_COMPACTED_END = """SELECT max(item_id) FROM (SELECT item_id FROM compacted WHERE job_no = ? AND item_id > ?
+                                             ORDER BY item_id LIMIT ?) AS batch"""
+PRUNE_COMPACTED = "DELETE FROM compacted WHERE job_no = ? AND item_id > ? AND item_id <= ?"

@@ -276,7 +276,7 @@ def test_the_row_layouts_baseline_is_the_journals_own_table_and_size(tmp_path):
     engine = journal_size.SqliteEngine(str(tmp_path / "filled.sqlite3"))
     with engine.open():
         pass
-    journal_size.fill(engine, journal_size.Shape(items=4_000, jobs=1))
+    journal_size.fill(engine, journal_size.Shape(items=4_000, jobs=1), compacted=False)
     journal_columns = [row[1] for row in engine.count("PRAGMA table_info(steps)")]
     conn = sqlite3.connect(tmp_path / "today.sqlite3")
     conn.execute(row_layouts.LAYOUTS[0].table.format(real="REAL", blob="BLOB", without_rowid="WITHOUT ROWID"))

@@ -482,7 +482,8 @@ def _older_journal(location: str, version: int) -> None:
             conn.execute("INSERT INTO meta (key, value) VALUES ('schema_version', %s)", (str(version),))
             conn.cursor().executemany(STEPS_SQL.replace("?", "%s"), rows)
             conn.execute("INSERT INTO jobs (job_id, created_at, updated_at) SELECT job_id, min(created_at), "
-                         "max(updated_at) FROM steps GROUP BY job_id")
+                         "max(updated_at) FROM steps WHERE true GROUP BY job_id "
+                         "ON CONFLICT (job_id) DO NOTHING")  # from version 7 on, its triggers made them
         return
     Path(location).parent.mkdir(parents=True, exist_ok=True)
     conn = sqlite3.connect(location, isolation_level=None)
@@ -493,7 +494,8 @@ def _older_journal(location: str, version: int) -> None:
     conn.executemany(STEPS_SQL, rows)
     if version >= 2:
         conn.execute("INSERT INTO jobs (job_id, created_at, updated_at) SELECT job_id, min(created_at), "
-                     "max(updated_at) FROM steps GROUP BY job_id")
+                     "max(updated_at) FROM steps WHERE true GROUP BY job_id "
+                     "ON CONFLICT (job_id) DO NOTHING")  # from version 7 on, its triggers made them
     conn.close()
 
 

@@ -64,7 +64,7 @@ def test_tables_live_in_their_own_versioned_schema(postgres_url):
         journal_id = journal.journal_id
     with admin(postgres_url) as conn:
         tables = {r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = 'resumable'")}
-        assert tables == {"steps", "jobs", "resolutions", "meta"}
+        assert tables == {"steps", "jobs", "resolutions", "meta", "compacted", "step_sets"}
         assert conn.execute("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'").fetchone()[0] == 0
         version = conn.execute("SELECT value FROM resumable.meta WHERE key = 'schema_version'").fetchone()[0]
         assert int(version) == SCHEMA_VERSION
@@ -386,3 +386,27 @@ def test_a_database_that_ends_idle_sessions_does_not_end_a_running_jobs_claim(po
         thread.join(60)
     assert outcome == {"first": "completed"}
     assert sent == ["item-001"]
+
+
+def test_the_counts_follow_a_hand_written_statement_whatever_its_sessions_search_path(postgres_url):
+    """The counting functions named jobs and steps unqualified: a statement from a plain session failed
+    ("relation jobs does not exist"), and one on another journal's steps from a session whose search_path
+    named the first journal counted into the first journal's jobs. Schema 8 fixes their search_path."""
+    from airflow_resumable.journal.schema import COUNTERS, recount_statement
+
+    held_job(postgres_url, JOB)
+    with StepJournal(postgres_url, schema="other") as other:
+        run_batch(other, JOB, items(2), sending([]))
+    with admin(postgres_url) as conn:
+        conn.execute("UPDATE resumable.steps SET held_reason = NULL WHERE job_id = %s", (JOB,))  # a plain session
+        conn.execute("SET search_path = resumable")
+        conn.execute("UPDATE other.steps SET status = 'FAILED', not_sent = 1 WHERE job_id = %s", (JOB,))
+    for schema in ("resumable", "other"):
+        kept = backends.execute(postgres_url, f"SELECT job_id, {', '.join(COUNTERS)} FROM jobs", schema=schema)
+        counted = backends.execute(postgres_url, recount_statement(), schema=schema)
+        assert sorted(kept) == sorted(counted), schema
+    with StepJournal(postgres_url) as journal:
+        assert journal.job(JOB).held == 0
+    with StepJournal(postgres_url, schema="other") as other:
+        summary = other.job(JOB)
+        assert (summary.counts["FAILED"], summary.counts["SUCCEEDED"]) == (4, 0)

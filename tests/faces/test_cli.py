@@ -481,31 +481,31 @@ def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_throu
 
     migrated = run_cli("migrate")
     assert migrated.returncode == 0, migrated.stderr
-    assert migrated.stdout == f"journal {where}: schema version 6 -> 7\n"
+    assert migrated.stdout == f"journal {where}: schema version 6 -> 8\n"
     assert_counts_exact(postgres_url)  # the kept counts were computed for the jobs already there
     with StepJournal(postgres_url) as journal:
         run_batch(journal, "next", [{"id": "x"}], steps)
     assert sent == ["x"]
     assert {h["item_id"] for h in json.loads(run_cli("held", "j", "--json").stdout)} == {"b", "c"}
     again = run_cli("migrate", "--json")
-    assert again.returncode == 0 and json.loads(again.stdout) == {"journal": where, "found": 7, "version": 7}
+    assert again.returncode == 0 and json.loads(again.stdout) == {"journal": where, "found": 8, "version": 8}
 
 
 def test_migrate_creates_a_new_shared_journal(postgres_url):
     created = cli(postgres_url, "migrate")
     assert created.returncode == 0, created.stderr
     assert created.stdout.startswith("journal postgresql://") and created.stdout.endswith(
-        " (schema resumable): created at schema version 7\n")
+        " (schema resumable): created at schema version 8\n")
     assert cli(postgres_url, "jobs").stdout == "(none)\n"
 
 
 def test_migrate_on_sqlite_moves_an_older_file_and_leaves_a_missing_one_to_the_first_task(journal_path):
     from tests.backends import sqlite_downgrade
 
-    assert cli(journal_path, "migrate").stdout == f"journal {journal_path}: already at schema version 7\n"
+    assert cli(journal_path, "migrate").stdout == f"journal {journal_path}: already at schema version 8\n"
     sqlite_downgrade(journal_path, 6)
     migrated = cli(journal_path, "migrate")
-    assert migrated.returncode == 0 and migrated.stdout == f"journal {journal_path}: schema version 6 -> 7\n"
+    assert migrated.returncode == 0 and migrated.stdout == f"journal {journal_path}: schema version 6 -> 8\n"
     assert len(json.loads(cli(journal_path, "held", "j", "--json").stdout)) == 2
     missing = journal_path.with_name("not-yet.sqlite3")
     none_yet = cli(missing, "migrate")  # a single-host deployment runs the same init command

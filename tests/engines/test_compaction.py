@@ -1,0 +1,339 @@
+"""Compacted items (schema 8): a finished item's rows kept as one row - on both engines.
+
+Compaction must change nothing anyone can see or rely on: every read (rows, pages, an item, a status, the
+job's counts and versions) is the same before and after; a run of the job after it sends nothing it had
+sent, and one whose item changed or gained a step puts the item's rows back first and goes on as before;
+a decision about a compacted step is refused as about any settled one; prune forgets compacted items too;
+and a compaction killed part way leaves a journal whose counts equal a recount and whose rows are whole.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from airflow_resumable.journal import (
+    HeldReason,
+    NotHeldError,
+    StaleDecisionError,
+    Status,
+    StepJournal,
+)
+from airflow_resumable.journal.compaction import compact_item, expand_item
+from airflow_resumable.runner import Step, StepContext, run_batch
+from tests import backends
+
+JOB = "dag/send/run-1"
+
+
+class Receiver:
+    """Counts every send per item, and fails the ones it is told to."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+        self.fail: set[str] = set()
+        self.outputs: dict[str, dict[str, Any]] = {}  # what a step added later was handed, per item
+
+    def steps(self, *, extra: bool = False) -> list[Step]:
+        def validate(item: dict[str, Any], ctx: StepContext) -> bool:
+            return True
+
+        def transform(item: dict[str, Any], ctx: StepContext) -> dict[str, Any]:
+            return {"n": item["n"] * 2, "text": f"\u00e9t\u00e9 {item['id']}"}
+
+        def send(item: dict[str, Any], ctx: StepContext) -> str:
+            if item["id"] in self.fail:
+                raise TimeoutError("the reply was lost")
+            self.sent.append(item["id"])
+            return f"rcpt-{item['id']}-{len(self.sent)}"
+
+        def audit(item: dict[str, Any], ctx: StepContext) -> None:
+            self.outputs[ctx.item_id] = dict(ctx.outputs)
+
+        steps = [Step("validate", validate), Step("transform", transform), Step("send", send, side_effect=True)]
+        return [*steps, Step("audit", audit)] if extra else steps
+
+
+def items(n: int = 40, **changed: int) -> list[dict[str, Any]]:
+    return [{"id": f"item-{i:03d}", "n": changed.get(f"item-{i:03d}", i)} for i in range(n)]
+
+
+def all_rows(journal: StepJournal, job: str = JOB) -> list[Any]:
+    return list(journal.rows(job))
+
+
+def paged(journal: StepJournal, limit: int, **kwargs: Any) -> list[Any]:
+    found, cursor = [], None
+    while True:
+        page = journal.rows(JOB, limit=limit, cursor=cursor, **kwargs)
+        found += page
+        cursor = page.next_cursor
+        if cursor is None:
+            return found
+
+
+def compacted_count(location: str) -> int:
+    return int(backends.execute(location, "SELECT count(*) FROM compacted")[0][0])
+
+
+def compact_every_item(journal: StepJournal, receiver: Receiver) -> None:
+    """Settle the held send (the receiver had it), finish the job, compact all of it."""
+    journal.resolve(JOB, "item-007", "send", delivered=True, receipt="r-7", resolved_by="oncall")
+    run_batch(journal, JOB, items(), receiver.steps())
+    assert journal.compact(timedelta(0)) == {JOB: 40}
+
+
+@pytest.fixture
+def finished_job(journal_location: str) -> Receiver:
+    """JOB: 40 items sent; item-007's reply was lost, then held (unknown outcome) by the next run."""
+    receiver = Receiver()
+    with StepJournal(journal_location) as journal:
+        receiver.fail.add("item-007")
+        with pytest.raises(TimeoutError):
+            run_batch(journal, JOB, items(), receiver.steps())
+        receiver.fail.clear()
+        result = run_batch(journal, JOB, items(), receiver.steps())
+        assert [h.item_id for h in result.held] == ["item-007"]
+    return receiver
+
+
+def test_compaction_changes_nothing_a_reader_sees(journal_location, finished_job):
+    with StepJournal(journal_location) as journal:
+        before = all_rows(journal)
+        summary, held = journal.job(JOB), list(journal.held(JOB))
+        assert journal.compact(timedelta(0)) == {JOB: 39}  # all but the held one
+        assert compacted_count(journal_location) == 39
+        assert all_rows(journal) == before  # versions, attempts, receipts, outputs, times: to the bit
+        assert journal.job(JOB) == summary and list(journal.held(JOB)) == held
+        for limit in (1, 2, 3, 7, 100):
+            assert paged(journal, limit) == before
+        assert paged(journal, 5, status="SUCCEEDED") == [r for r in before if r.status == Status.SUCCEEDED]
+        assert paged(journal, 5, status="FAILED") == [r for r in before if r.status == Status.FAILED]
+        assert list(journal.rows(JOB, "item-012")) == [r for r in before if r.item_id == "item-012"]
+        assert list(journal.rows(JOB, "item-007")) == [r for r in before if r.item_id == "item-007"]
+        assert journal.compact(timedelta(0)) == {}  # nothing new since: the job is not gone through again
+    backends.assert_counts_exact(journal_location)
+
+
+def test_a_run_after_compaction_sends_nothing_again_and_resolves_as_before(journal_location, finished_job):
+    receiver = finished_job
+    with StepJournal(journal_location) as journal:
+        journal.compact(timedelta(0))
+        sent = list(receiver.sent)
+        again = run_batch(journal, JOB, items(), receiver.steps())
+        assert receiver.sent == sent and again.executed_steps == 0
+        assert [h.item_id for h in again.held] == ["item-007"]  # still held, never sent blindly
+        assert compacted_count(journal_location) == 39  # finished items stay compacted: nothing to look at
+        journal.resolve(JOB, "item-007", "send", delivered=False, resolved_by="oncall")
+        assert run_batch(journal, JOB, items(), receiver.steps()).status == "completed"
+        assert receiver.sent == [*sent, "item-007"]
+        assert journal.compact(timedelta(0)) == {JOB: 1}  # finished again: its last item too
+        assert compacted_count(journal_location) == 40
+    backends.assert_counts_exact(journal_location)
+
+
+def test_a_changed_item_is_put_back_and_held_and_its_new_input_sent_once(journal_location, finished_job):
+    receiver = finished_job
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, receiver)
+        before = {r.step: r for r in journal.rows(JOB, "item-012")}
+        sent = list(receiver.sent)
+        result = run_batch(journal, JOB, items(**{"item-012": 999}), receiver.steps())
+        assert [(h.item_id, h.reason) for h in result.held] == [("item-012", HeldReason.INPUT_CHANGED)]
+        assert receiver.sent == sent
+        assert compacted_count(journal_location) == 39  # item-012 alone is live again
+        now = {r.step: r for r in journal.rows(JOB, "item-012")}
+        assert now["send"] == before["send"]  # put back as it was; the hold is on its first step
+        assert now["validate"].held_reason == HeldReason.INPUT_CHANGED
+        journal.resolve_input_change(JOB, "item-012", use_new_input=True, resolved_by="oncall")
+        assert run_batch(journal, JOB, items(**{"item-012": 999}), receiver.steps()).status == "completed"
+        assert receiver.sent == [*sent, "item-012"]  # the new input, once, under its next key
+    backends.assert_counts_exact(journal_location)
+
+
+def test_a_step_added_later_runs_alone_with_the_compacted_steps_outputs(journal_location, finished_job):
+    receiver = finished_job
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, receiver)
+        recorded = {i["id"]: {r.step: r.output for r in journal.rows(JOB, i["id"])} for i in items()}
+        sent = list(receiver.sent)
+        result = run_batch(journal, JOB, items(), receiver.steps(extra=True))
+        assert result.status == "completed" and result.executed_steps == 40 and receiver.sent == sent
+        assert receiver.outputs == recorded  # validate's, transform's and the send's receipt, as journaled
+        assert compacted_count(journal_location) == 0  # every item was looked at again
+        assert journal.compact(timedelta(0)) == {JOB: 40}
+        assert {len(journal.rows(JOB, i["id"])) for i in items()} == {4}
+    backends.assert_counts_exact(journal_location)
+
+
+def test_decisions_about_a_compacted_step_are_refused_as_about_a_settled_one(journal_location, finished_job):
+    with StepJournal(journal_location) as journal:
+        version = next(r.version for r in journal.rows(JOB, "item-012") if r.step == "send")
+        journal.compact(timedelta(0))
+        before = backends.snapshot(journal_location)
+        with pytest.raises(NotHeldError, match="SUCCEEDED .*compacted.* nothing to resolve"):
+            journal.resolve(JOB, "item-012", "send", delivered=False, resolved_by="oncall")
+        with pytest.raises(StaleDecisionError):
+            journal.resolve(JOB, "item-012", "send", delivered=False, resolved_by="oncall", expected_version=version)
+        with pytest.raises(NotHeldError, match="not held for an input change"):
+            journal.resolve_input_change(JOB, "item-012", use_new_input=True, resolved_by="oncall")
+        with pytest.raises(NotHeldError, match="has no item"):
+            journal.resolve(JOB, "item-999", "send", delivered=False, resolved_by="oncall")
+        assert backends.snapshot(journal_location) == before
+
+
+def test_prune_forgets_compacted_items_too(journal_location, finished_job):
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, finished_job)
+        assert journal.prune(timedelta(0)) == [JOB]
+        assert compacted_count(journal_location) == 0 and all_rows(journal) == []
+        assert journal.job(JOB).items == 0 and journal.job(JOB).pruned_at is not None
+    backends.assert_counts_exact(journal_location)
+
+
+def test_a_job_running_or_touched_since_the_cut_off_is_left_alone(journal_location, finished_job):
+    with StepJournal(journal_location) as journal:
+        assert journal.compact(timedelta(hours=1)) == {}  # run a moment ago
+        with journal.open_job(JOB, runner="a run"):
+            assert journal.compact(timedelta(0)) == {}
+        assert compacted_count(journal_location) == 0
+        with pytest.raises(ValueError, match="older_than"):
+            journal.compact(timedelta(seconds=-1))
+
+
+def test_paging_while_items_are_compacted_sees_each_row_once(journal_location):
+    receiver = Receiver()
+    with StepJournal(journal_location) as journal:
+        run_batch(journal, JOB, items(300), receiver.steps())
+        expected = [(r.item_id, r.step) for r in journal.rows(JOB)]
+    done = threading.Event()
+
+    def compact() -> None:
+        with StepJournal(journal_location) as other:
+            other.PRUNE_BATCH_ITEMS = 7  # many small batches, while the reader pages
+            other.compact(timedelta(0))
+        done.set()
+
+    seen: list[tuple[str, str]] = []
+    with StepJournal(journal_location) as journal:
+        thread = threading.Thread(target=compact)
+        thread.start()
+        cursor = None
+        while True:
+            page = journal.rows(JOB, limit=13, cursor=cursor)
+            seen += [(r.item_id, r.step) for r in page]
+            cursor = page.next_cursor
+            if cursor is None:
+                break
+        thread.join(120)
+    assert done.is_set() and seen == expected
+    backends.assert_counts_exact(journal_location)
+
+
+KILLED_COMPACTION = textwrap.dedent("""
+    import sys, time
+    from datetime import timedelta
+    from airflow_resumable.journal import StepJournal
+    from airflow_resumable.journal import housekeeping
+
+    def pause(self, seconds):
+        print("batch", flush=True)
+        time.sleep(0.2)
+
+    housekeeping.JournalHousekeeping._pause = pause
+    with StepJournal(sys.argv[1]) as journal:
+        journal.PRUNE_BATCH_ITEMS = 10
+        journal.compact(timedelta(0))
+""")
+
+
+def test_a_compaction_killed_part_way_leaves_whole_items_and_exact_counts(journal_location, tmp_path):
+    receiver = Receiver()
+    with StepJournal(journal_location) as journal:
+        run_batch(journal, JOB, items(100), receiver.steps())
+        before = all_rows(journal)
+    script = tmp_path / "compact.py"
+    script.write_text(KILLED_COMPACTION)
+    child = subprocess.Popen([sys.executable, str(script), journal_location], stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    for _ in range(3):  # three batches committed
+        assert child.stdout.readline().strip() == "batch"
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    assert 0 < compacted_count(journal_location) < 100
+    backends.assert_counts_exact(journal_location)
+    with StepJournal(journal_location) as journal:
+        assert all_rows(journal) == before
+        sent = list(receiver.sent)
+        assert run_batch(journal, JOB, items(100), receiver.steps()).executed_steps == 0 and receiver.sent == sent
+        left = 100 - compacted_count(journal_location)
+        assert journal.compact(timedelta(0)) == {JOB: left}
+        assert compacted_count(journal_location) == 100 and all_rows(journal) == before
+    backends.assert_counts_exact(journal_location)
+
+
+# ------------------------------------------------------------------------- the packed form itself
+
+_floats = st.floats(min_value=0, max_value=4e9, allow_nan=False, allow_infinity=False)
+_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=40)
+
+
+@st.composite
+def _item_rows(draw: Any) -> list[tuple[Any, ...]]:
+    names = draw(st.lists(_text.filter(bool), min_size=1, max_size=6, unique=True))
+    digest = draw(st.binary(min_size=32, max_size=32)).hex()
+    rows = []
+    for name in names:
+        side_effect = draw(st.sampled_from([0, 1]))
+        receipt = draw(st.none() | _text) if side_effect else draw(st.none() | _text)
+        output = draw(st.sampled_from([None, "null", "json-of-receipt", "other"]))
+        if output == "json-of-receipt":
+            output = None if receipt is None else __import__("json").dumps(receipt, ensure_ascii=False,
+                                                                            separators=(",", ":"))
+        elif output == "other":
+            output = draw(_text)
+        created = draw(_floats)
+        rows.append(("job/\u00e9", "item \u4e00", name, side_effect, "SUCCEEDED", digest, receipt, output, None, None,
+                     None, draw(st.integers(0, 10**6)), created, draw(_floats), draw(st.integers(0, 10**4)), 0,
+                     draw(st.integers(1, 10**9))))
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(_item_rows())
+def test_an_item_packed_and_unpacked_is_the_same_rows(rows):
+    packed = compact_item("job/\u00e9", "item \u4e00", rows)
+    assert packed is not None
+    unpacked = sorted(expand_item("job/\u00e9", "item \u4e00", packed.digest, packed.names, packed.data),
+                      key=lambda r: r[2])
+    rows = sorted(rows, key=lambda r: r[2])
+    assert unpacked == rows
+    # Times to the bit (== alone would take -0.0 for 0.0).
+    assert [(r[12].hex(), r[13].hex()) for r in unpacked] == [(r[12].hex(), r[13].hex()) for r in rows]
+
+
+ROW = ("j", "i", "send", 1, "SUCCEEDED", "ab" * 32, "r", '"r"', None, None, None, 1, 1.5, 2.5, 0, 0, 1)
+
+
+@pytest.mark.parametrize(("column", "value"), [(4, "FAILED"), (4, "IN_FLIGHT"), (9, "unknown_outcome"),
+                                                (8, "TimeoutError"), (10, "ab" * 32), (15, 1), (5, "not-hex"),
+                                                (5, "AB" * 32), (11, -1), (1, "another item")])
+def test_an_item_not_finished_is_never_packed(column, value):
+    assert compact_item("j", "i", [ROW]) is not None
+    row = list(ROW)
+    row[column] = value
+    assert compact_item("j", "i", [tuple(row)]) is None
+
+
+def test_an_item_whose_steps_saw_two_inputs_is_never_packed():
+    other = ("j", "i", "validate", 0, "SUCCEEDED", "cd" * 32, None, "null", None, None, None, 1, 1.0, 1.0, 0, 0, 1)
+    assert compact_item("j", "i", [other, ROW]) is None
