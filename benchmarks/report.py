@@ -254,7 +254,9 @@ def journal_size_rows(sections: dict[str, Any]) -> list[Row]:
         size = j["bytes_per_item"]
         out.append(Row(f"{where}: bytes per item (3 steps, rows + indexes; {size['big']['method']})",
                        f"{size['big']['bytes_per_item']:,.0f} B filled", f"{size['runner']['bytes_per_item']:,.0f} B "
-                       f"as a run writes them", size["big"]["bytes_per_item"], "<=", 250,
+                       f"as a run writes them" + (f", {size['runner_compacted']['bytes_per_item']:,.0f} B once "
+                                                  "compacted" if "runner_compacted" in size else ""),
+                       size["big"]["bytes_per_item"], "<=", 250,
                        f"{size['big']['bytes_per_item']:,.0f} B", unit=" B"))
         prune = j["prune"]
         out.append(Row(f"{where}: max mark wait while {prune['items']:,} items are pruned ({prune['marks']:,} marks)",
