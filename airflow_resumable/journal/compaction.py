@@ -81,7 +81,8 @@ def _text(value: str, out: bytearray) -> None:
 
 def compact_item(job_id: str, item_id: str, rows: Sequence[Sequence[Any]]) -> CompactedItem | None:
     """The item's rows (``RECORD_COLUMNS``) as one compacted row, or None if it is not finished: every
-    row SUCCEEDED, nothing held or pending, one input digest (SHA-256 in hex) for all of them."""
+    row SUCCEEDED, nothing held or pending, one input digest (SHA-256 in hex) for all of them (and no two
+    rows created at the same instant: a reader orders an item's rows by creation time, then by name)."""
     if not rows:
         return None
     digest = rows[0][5]
@@ -95,6 +96,8 @@ def compact_item(job_id: str, item_id: str, rows: Sequence[Sequence[Any]]) -> Co
             return None
     if not isinstance(digest, str) or not _HEX_DIGEST.fullmatch(digest):
         return None
+    if len({r[12] for r in rows}) != len(rows):
+        return None  # two steps written at one instant: their order is the database's collation's, kept live
     by_name = sorted(rows, key=lambda r: r[2])
     out = bytearray([FORMAT])
     previous: int | None = None

@@ -18,6 +18,7 @@ from airflow_resumable.journal.checks import (
     check_person,
     check_version,
 )
+from airflow_resumable.journal.compaction import expand_item
 from airflow_resumable.journal.errors import (
     JobBusyError,
     JournalError,
@@ -102,9 +103,11 @@ class JournalDecisions:
     ) -> Resolution:
         found = tx.one(sql.RESOLVABLE_STEP, (job_id, item_id, step))
         if found is None:
-            if expected_version is not None and step in (_compacted_steps(tx, job_id, item_id) or ()):
-                raise _stale(job_id, item_id, step, expected_version, "SUCCEEDED, not held (the item is compacted)")
-            raise self._no_such_row(tx, job_id, item_id, step)
+            compacted = _compacted_rows(tx, job_id, item_id).get(step)
+            if compacted is None:
+                raise self._no_such_row(tx, job_id, item_id, step)
+            # A compacted step (SUCCEEDED): answered as the same row live would be - refused either way.
+            found = tuple(compacted[i] for i in (3, 4, 9, 15, 16, 12, 11, 14))
         side_effect, status, held_reason, not_sent, counter, created_at, attempts, generation = found
         version = version_text(counter, created_at)
         if expected_version is not None and not version_matches(expected_version, version):
@@ -289,13 +292,13 @@ class JournalDecisions:
             return NotHeldError(f"job {job_id!r} has no item {item_id!r}; check the item_id")
         if step is None:
             return NotHeldError(f"{job_id} / {item_id} is not held for an input change")
-        if step in (_compacted_steps(tx, job_id, item_id) or ()):
-            return NotHeldError(f"{job_id} / {item_id} / {step} is SUCCEEDED (its item is compacted), not an "
-                                "unknown-outcome send; there is nothing to resolve")
         return NotHeldError(f"item {item_id!r} of job {job_id!r} has no step {step!r}; check the step name")
 
 
-def _compacted_steps(tx: Tx, job_id: str, item_id: str) -> list[str] | None:
-    """The step names of the item when it is compacted (every one SUCCEEDED), else None."""
-    found = tx.one(sql.COMPACTED_STEPS, (job_id, item_id))
-    return None if found is None else list(json.loads(found[0]))
+def _compacted_rows(tx: Tx, job_id: str, item_id: str) -> dict[str, tuple[Any, ...]]:
+    """The item's rows by step (``RECORD_COLUMNS``) when it is compacted, else none."""
+    found = tx.one(sql.COMPACTED_ITEM, (job_id, item_id))
+    if found is None:
+        return {}
+    digest, names, data = found
+    return {row[2]: row for row in expand_item(job_id, item_id, digest, json.loads(names), data)}

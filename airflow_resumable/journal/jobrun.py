@@ -10,14 +10,16 @@ from typing import Any
 
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import BRIEF_HOLDERS, Claim, JournalBackend, Statement
-from airflow_resumable.journal.compaction import expand_item, step_set_key
+from airflow_resumable.journal.compaction import expand_item
 from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
 
 # Rows looked up per query when the runner resumes (well under every engine's parameter limit).
 LOOKUP_CHUNK = 500
-# How long a runner waits out a brief holder of its job (a resolution, a receipt-log fold).
+# How long a runner waits out a brief holder of its job (a resolution, a receipt-log fold, compaction).
 FOLD_WAIT_SECONDS = 5.0
+# Step sets a run's question about compacted items names at most (one parameter each).
+MAX_COVERING_SETS = 500
 
 Record = tuple[str, tuple[Any, ...]]
 
@@ -68,7 +70,7 @@ class JobRun:
             self._new_job = not engine.read(sql.JOB_HAS_ROWS, (job_id, job_id))
             found = engine.read(sql.JOB_NUMBER, (job_id,))
             self._job_no: int | None = found[0][0] if found else None  # None: never compacted
-            self._step_sets: dict[tuple[str, ...], int | None] = {}
+            self._step_sets: dict[tuple[str, ...], list[int]] = {}
             # A previous run of this job that died left its receipts behind: commit them before deciding.
             engine.recover(job_id)
             self._receipts = engine.receipt_log(job_id)
@@ -151,24 +153,28 @@ class JobRun:
         """
         if self._new_job:
             return set(self._chunk_ids)
+        covering = self._covering_step_sets(steps)
         unfinished = {
             r[0]
             for r in self.engine.read(
-                sql.seen_unfinished(self._seen_table, len(steps), self.engine.digest_hex),
-                (self._chunk_start, len(steps), self.job_id, *steps, self._job_no, self._step_set(steps)),
+                sql.seen_unfinished(self._seen_table, len(steps), len(covering), self.engine.digest_hex),
+                (self._chunk_start, len(steps), self.job_id, *steps, self._job_no, *covering),
             )
         }
         if unfinished and self._job_no is not None:
             self._expand([item_id for item_id in self._chunk_ids if item_id in unfinished])
         return unfinished
 
-    def _step_set(self, steps: Sequence[str]) -> int | None:
-        """The number of this run's step set among compacted items' (None: no item was compacted with it)."""
+    def _covering_step_sets(self, steps: Sequence[str]) -> list[int]:
+        """The step sets of compacted items that have every one of these steps (an item compacted with more
+        steps is finished for a run of fewer, as its live rows would be). At most MAX_COVERING_SETS: an item
+        compacted under another is put back and looked at, which is slower, never wrong."""
         key = tuple(steps)
         if key not in self._step_sets:
-            found = self.engine.read(sql.STEP_SET_ID, (step_set_key(steps)[1],)) if self._job_no is not None else []
-            self._step_sets[key] = found[0][0] if found else None
-        return self._step_sets[key]
+            wanted = set(steps)
+            found = self.engine.read(sql.STEP_SETS) if self._job_no is not None else []
+            self._step_sets[key] = [n for n, names in found if wanted <= set(json.loads(names))][:MAX_COVERING_SETS]
+        return self._step_sets[key] or [-1]  # -1: no step set has that number
 
     def _expand(self, item_ids: Sequence[str]) -> None:
         """Put the compacted ones among these items back in steps, their rows as they were, before the run

@@ -172,31 +172,34 @@ class JournalReads:
         with self.engine.snapshot() as tx:
             found = self._page(query + sql.ROWS_ORDER, params, limit, tx.all)
             if status is None or str(status) == Status.SUCCEEDED.value:  # compacted items are SUCCEEDED throughout
-                found = self._with_compacted(tx.all, job_id, item_id, after, limit, found)
+                window = (query + sql.ROWS_ORDER + ("" if limit is None else " LIMIT ?"),
+                          params if limit is None else [*params, limit + 1])  # the live rows _page read
+                found = self._with_compacted(tx.all, job_id, item_id, after, limit, found, window)
         records = [step_record(r) for r in found]
         last = found[-1] if found.more else None
         return Page(records, None if last is None else _cursor("rows", job_id, last[1], last[12], last[2]))
 
     def _with_compacted(
         self, read: Callable[..., list[tuple[Any, ...]]], job_id: str, item_id: str | None,
-        after: tuple[str, float, str] | None, limit: int | None, live: _Found,
+        after: tuple[str, float, str] | None, limit: int | None, live: _Found, window: tuple[str, list[Any]],
     ) -> _Found:
         """A page of the job's live rows merged with its compacted items' rows, in the one order of its rows:
-        by item (in the database's order of its keys), then as each item's rows go."""
+        by item (in the database's order of its keys: the database merges the two windows' item ids), then
+        as each item's rows go. ``window``: the query and parameters the live rows were read with."""
         found = read(sql.JOB_NUMBER, (job_id,))
         job_no = found[0][0] if found else None
         if job_no is None:
             return live  # never compacted
-        query, params = sql.COMPACTED_PAGE, [job_no]
+        where, params = sql.COMPACTED_PAGE_WHERE, [job_no]
         if item_id is not None:
-            query, params = query + sql.COMPACTED_PAGE_ITEM, [*params, item_id]
+            where, params = where + sql.COMPACTED_PAGE_ITEM, [*params, item_id]
         if after is not None:
-            query, params = query + sql.COMPACTED_PAGE_FROM, [*params, after[0]]
-        query += sql.COMPACTED_PAGE_ORDER
+            where, params = where + sql.COMPACTED_PAGE_FROM, [*params, after[0]]
+        where += sql.COMPACTED_PAGE_ORDER
         if limit is not None:  # the cursor's own item may have nothing left: one more than the page needs
-            query, params = query + " LIMIT ?", [*params, limit + 2]
+            where, params = where + " LIMIT ?", [*params, limit + 2]
         compacted: dict[str, list[tuple[Any, ...]]] = {}
-        for of_item, digest, names, data in read(query, params):
+        for of_item, digest, names, data in read(sql.COMPACTED_PAGE + where, params):
             rows = sorted(expand_item(job_id, of_item, digest, json.loads(names), data), key=lambda r: (r[12], r[2]))
             if after is not None and of_item == after[0]:
                 rows = [r for r in rows if (r[12], r[2]) > after[1:]]
@@ -207,9 +210,8 @@ class JournalReads:
         by_item: dict[str, list[tuple[Any, ...]]] = {}
         for row in live:
             by_item.setdefault(row[1], []).append(row)
-        ids = [*by_item, *(i for i in compacted if i not in by_item)]  # never both (one snapshot): one each anyway
-        order = [r[0] for r in read(sql.in_key_order(len(ids)), ids)]
-        merged = [row for of_item in order for row in by_item.get(of_item) or compacted[of_item]]
+        order = [r[0] for r in read(sql.merged_item_order(window[0], where), [*window[1], *params])]
+        merged = [row for of_item in order for row in by_item.get(of_item) or compacted.get(of_item) or ()]
         if limit is None:
             return _Found(merged, more=False)
         return _Found(merged[:limit], more=len(merged) > limit or live.more)

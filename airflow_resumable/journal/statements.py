@@ -296,10 +296,11 @@ def seen_repeated(table: str, count: int) -> str:
     return f"SELECT item_id FROM {table} WHERE item_id IN ({','.join('?' * count)})"
 
 
-def seen_unfinished(table: str, steps: int, digest_hex: str) -> str:
+def seen_unfinished(table: str, steps: int, step_sets: int, digest_hex: str) -> str:
     """Ids of the current chunk not SUCCEEDED with the admitted input for every one of the steps: neither
-    in live rows nor as a compacted item of the same step set and digest. ``digest_hex``: the engine's
-    expression for a compacted digest as lowercase hex (``{}`` where the column goes)."""
+    in live rows nor as a compacted item of the same digest whose step set is one of ``step_sets`` given
+    (those having every one of the steps). ``digest_hex``: the engine's expression for a compacted digest
+    as lowercase hex (``{}`` where the column goes)."""
     return f"""SELECT c.item_id FROM {table} c
                WHERE c.n > ? AND ? != (
                    SELECT count(*) FROM steps s
@@ -307,19 +308,21 @@ def seen_unfinished(table: str, steps: int, digest_hex: str) -> str:
                      AND s.status = 'SUCCEEDED' AND s.digest = c.digest AND s.held_reason IS NULL)
                  AND NOT EXISTS (
                    SELECT 1 FROM compacted k
-                   WHERE k.job_no = ? AND k.item_id = c.item_id AND k.step_set = ?
+                   WHERE k.job_no = ? AND k.item_id = c.item_id AND k.step_set IN ({','.join('?' * step_sets)})
                      AND {digest_hex.format("k.digest")} = c.digest)"""
 
 
 # -- compacted items (schema version 8; see journal/compaction.py) ------------------------------------
 
 JOB_NUMBER = "SELECT job_no FROM jobs WHERE job_id = ?"
-COMPACTED_STEPS = """SELECT s.names FROM compacted k JOIN jobs j ON j.job_no = k.job_no JOIN step_sets s ON s.id = k.step_set
+COMPACTED_ITEM = """SELECT k.digest, s.names, k.data FROM compacted k JOIN jobs j ON j.job_no = k.job_no
+                    JOIN step_sets s ON s.id = k.step_set
                      WHERE j.job_id = ? AND k.item_id = ?"""
 # {next_job_no}: the engine's next free job number (JournalBackend.next_job_no).
 NUMBER_JOB = "UPDATE jobs SET job_no = {next_job_no} WHERE job_id = ? AND job_no IS NULL"
 STEP_SET_ADD = "INSERT INTO step_sets (hash, names) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING"
 STEP_SET_ID = "SELECT id FROM step_sets WHERE hash = ?"
+STEP_SETS = "SELECT id, names FROM step_sets"
 # Jobs with items to compact: a run went through them since compaction last did, and none since the cut-off.
 COMPACT_CANDIDATES = """
 SELECT job_id FROM jobs WHERE pruned_at IS NULL AND finished_at IS NOT NULL AND n_succeeded > 0
@@ -353,16 +356,19 @@ def compacted_items(count: int) -> str:
 RESTORE_ROW = f"INSERT INTO steps ({RECORD_COLUMNS}) VALUES ({', '.join('?' * 17)})"
 COMPACTED_DELETE = "DELETE FROM compacted WHERE job_no = ? AND item_id = ?"
 # A job's page of compacted items (rows()): after the cursor's item, by the primary key.
-COMPACTED_PAGE = """SELECT k.item_id, k.digest, s.names, k.data FROM compacted k JOIN step_sets s ON s.id = k.step_set
-                    WHERE k.job_no = ?"""
+COMPACTED_PAGE = "SELECT k.item_id, k.digest, s.names, k.data FROM compacted k JOIN step_sets s ON s.id = k.step_set"
+COMPACTED_PAGE_IDS = "SELECT k.item_id FROM compacted k"
+COMPACTED_PAGE_WHERE = " WHERE k.job_no = ?"
 COMPACTED_PAGE_ITEM = " AND k.item_id = ?"
 COMPACTED_PAGE_FROM = " AND k.item_id >= ?"
 COMPACTED_PAGE_ORDER = " ORDER BY k.item_id"
 
 
-def in_key_order(count: int) -> str:
-    """``count`` item ids sorted as the journal's keys are (the database's own order of its text)."""
-    return f"SELECT column1 FROM (VALUES {', '.join(['(?)'] * count)}) AS ids ORDER BY column1"
+def merged_item_order(live: str, compacted_where: str) -> str:
+    """The item ids of a page's live rows (the query ``live``) and of its compacted items (``compacted_where``
+    after COMPACTED_PAGE_IDS), one each, in the database's own order of its keys."""
+    return (f"SELECT item_id FROM ({live}) AS live UNION SELECT item_id FROM ({COMPACTED_PAGE_IDS}{compacted_where}) "
+            "AS compacted ORDER BY item_id")
 
 
 # Prune: a job's compacted items, a bounded batch per transaction, as its live rows.

@@ -177,13 +177,20 @@ def test_a_step_added_later_runs_alone_with_the_compacted_steps_outputs(journal_
 
 def test_decisions_about_a_compacted_step_are_refused_as_about_a_settled_one(journal_location, finished_job):
     with StepJournal(journal_location) as journal:
-        version = next(r.version for r in journal.rows(JOB, "item-012") if r.step == "send")
-        journal.compact(timedelta(0))
-        before = backends.snapshot(journal_location)
-        with pytest.raises(NotHeldError, match="SUCCEEDED .*compacted.* nothing to resolve"):
-            journal.resolve(JOB, "item-012", "send", delivered=False, resolved_by="oncall")
-        with pytest.raises(StaleDecisionError):
-            journal.resolve(JOB, "item-012", "send", delivered=False, resolved_by="oncall", expected_version=version)
+        row = next(r for r in journal.rows(JOB, "item-012") if r.step == "send")
+        refusals = {}
+        for compacted in (False, True):
+            if compacted:
+                journal.compact(timedelta(0))
+                before = backends.snapshot(journal_location)
+            for version in (None, row.version, "0" * 16):  # none, the row's own, one it never had
+                with pytest.raises((NotHeldError, StaleDecisionError)) as info:
+                    journal.resolve(JOB, "item-012", "send", delivered=False, resolved_by="oncall",
+                                    expected_version=version)
+                refusals.setdefault(version, []).append((type(info.value), str(info.value)))
+        # The very refusals the live row got: compaction is invisible to a decision too.
+        assert all(live == compacted for live, compacted in refusals.values()), refusals
+        assert refusals[row.version][0][0] is NotHeldError and refusals["0" * 16][0][0] is StaleDecisionError
         with pytest.raises(NotHeldError, match="not held for an input change"):
             journal.resolve_input_change(JOB, "item-012", use_new_input=True, resolved_by="oncall")
         with pytest.raises(NotHeldError, match="has no item"):
@@ -291,8 +298,9 @@ _text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters
 def _item_rows(draw: Any) -> list[tuple[Any, ...]]:
     names = draw(st.lists(_text.filter(bool), min_size=1, max_size=6, unique=True))
     digest = draw(st.binary(min_size=32, max_size=32)).hex()
+    created_at = draw(st.lists(_floats, min_size=len(names), max_size=len(names), unique=True))
     rows = []
-    for name in names:
+    for name, created in zip(names, created_at, strict=True):
         side_effect = draw(st.sampled_from([0, 1]))
         receipt = draw(st.none() | _text) if side_effect else draw(st.none() | _text)
         output = draw(st.sampled_from([None, "null", "json-of-receipt", "other"]))
@@ -301,7 +309,6 @@ def _item_rows(draw: Any) -> list[tuple[Any, ...]]:
                                                                             separators=(",", ":"))
         elif output == "other":
             output = draw(_text)
-        created = draw(_floats)
         rows.append(("job/\u00e9", "item \u4e00", name, side_effect, "SUCCEEDED", digest, receipt, output, None, None,
                      None, draw(st.integers(0, 10**6)), created, draw(_floats), draw(st.integers(0, 10**4)), 0,
                      draw(st.integers(1, 10**9))))
@@ -337,3 +344,38 @@ def test_an_item_not_finished_is_never_packed(column, value):
 def test_an_item_whose_steps_saw_two_inputs_is_never_packed():
     other = ("j", "i", "validate", 0, "SUCCEEDED", "cd" * 32, None, "null", None, None, None, 1, 1.0, 1.0, 0, 0, 1)
     assert compact_item("j", "i", [other, ROW]) is None
+
+
+def test_an_item_whose_steps_were_written_at_one_instant_stays_live():
+    """A reader orders an item's rows by creation time, then by name in the database's collation; two rows
+    of one instant keep that order only where the database keeps them."""
+    twin = ("j", "i", "validate", 0, "SUCCEEDED", "ab" * 32, None, "null", None, None, None, 1, 1.5, 1.5, 0, 0, 1)
+    assert compact_item("j", "i", [twin, ROW]) is None
+
+
+def test_a_run_of_fewer_steps_leaves_the_compacted_items_where_they_are(journal_location, finished_job):
+    """An item compacted with validate, transform and send is finished for a run of validate and send, as
+    its live rows were: nothing is put back, nothing sent."""
+    receiver = finished_job
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, receiver)
+        sent = list(receiver.sent)
+        validate, _, send = receiver.steps()
+        result = run_batch(journal, JOB, items(), [validate, send])
+        assert (result.executed_steps, result.skipped_steps, receiver.sent) == (0, 80, sent)
+        assert compacted_count(journal_location) == 40
+
+
+def test_a_whole_job_read_at_once_names_no_item_in_a_statement(tmp_path):
+    """A page of a compacted job was ordered by sending the database each of its item ids: an unbounded
+    read (export, show --all) of a big job went past the engine's limit on bound parameters (999 on older
+    SQLite), and the error said the journal was corrupt."""
+    import sqlite3
+
+    receiver = Receiver()
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        run_batch(journal, JOB, items(600), receiver.steps())
+        before = all_rows(journal)
+        journal.compact(timedelta(0))
+        journal.engine._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
+        assert all_rows(journal) == before and paged(journal, 1000) == before
