@@ -123,7 +123,9 @@ def postgres_downgrade_to_6(url: str, schema: str = "resumable") -> None:
         for name in ("compacted_kept", "compacted_counted_insert", "compacted_counted_delete"):
             conn.execute(f"DROP TRIGGER {name} ON compacted")
             conn.execute(f"DROP FUNCTION {name}()")
-        for statement in ("DROP TABLE compacted", "DROP TABLE step_sets", "DROP SEQUENCE job_numbers",
+        for statement in ("DROP TABLE compacted", "DROP FUNCTION compacted_partition(BIGINT)",
+                          "DROP FUNCTION compacted_drop(BIGINT, BIGINT)", "DROP TABLE step_sets",
+                          "DROP SEQUENCE job_numbers",
                           "DROP INDEX jobs_by_number", "ALTER TABLE jobs DROP COLUMN job_no, DROP COLUMN compacted_at"):
             conn.execute(statement)
         for name in ("steps_key_fixed", "steps_counted_insert", "steps_counted_update", "steps_counted_delete"):

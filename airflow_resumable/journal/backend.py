@@ -98,6 +98,9 @@ class JournalBackend(Protocol):
     # The most UTF-8 bytes a row's key (job_id + item_id + step) may take, or None: no limit below the ids'.
     max_key_bytes: int | None
     next_job_no: str  # SQL for a job's number when it is first compacted (a fresh one, whoever asks at once)
+    # compacted is partitioned by job number (PostgreSQL): a numbered job's partition is made when it is
+    # numbered, and prune forgets a pruned job's items and drops whole partitions rather than delete rows.
+    compacted_partitions: bool
     digest_hex: str  # SQL for a compacted digest ({} is its column) as the lowercase hex the steps table keeps
     durability: Durability
     migrated_from: int | None  # the schema version the open found (None: a new journal)

@@ -163,7 +163,7 @@ class JournalDecisions:
         found = tx.one(sql.INPUT_CHANGE_HOLD, (job_id, item_id))
         if found is None:
             missing = self._no_such_row(tx, job_id, item_id, None)
-            if expected_version is not None and tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id) * 2) is not None:
+            if expected_version is not None and _item_has_rows(tx, job_id, item_id):
                 # It was held when it was looked at: a run or another person settled it since.
                 raise _stale(job_id, item_id, "(its input change)", expected_version,
                              "no longer held for an input change") from None
@@ -288,16 +288,26 @@ class JournalDecisions:
     def _no_such_row(self, tx: Tx, job_id: str, item_id: str, step: str | None) -> NotHeldError:
         if tx.one(sql.JOB_EXISTS, (job_id,)) is None:
             return NotHeldError(f"unknown job {job_id!r} in journal {self.engine.location}; check the job_id")
-        if tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id) * 2) is None:
+        if not _item_has_rows(tx, job_id, item_id):
             return NotHeldError(f"job {job_id!r} has no item {item_id!r}; check the item_id")
         if step is None:
             return NotHeldError(f"{job_id} / {item_id} is not held for an input change")
         return NotHeldError(f"item {item_id!r} of job {job_id!r} has no step {step!r}; check the step name")
 
 
+def _job_no(tx: Tx, job_id: str) -> int | None:
+    (job_no,) = tx.one(sql.JOB_NUMBER, (job_id,)) or (None,)
+    return job_no  # type: ignore[no-any-return]
+
+
+def _item_has_rows(tx: Tx, job_id: str, item_id: str) -> bool:
+    return tx.one(sql.ITEM_HAS_ROWS, (job_id, item_id, _job_no(tx, job_id), item_id)) is not None
+
+
 def _compacted_rows(tx: Tx, job_id: str, item_id: str) -> dict[str, tuple[Any, ...]]:
     """The item's rows by step (``RECORD_COLUMNS``) when it is compacted, else none."""
-    found = tx.one(sql.COMPACTED_ITEM, (job_id, item_id))
+    job_no = _job_no(tx, job_id)
+    found = None if job_no is None else tx.one(sql.COMPACTED_ITEM, (job_no, item_id))
     if found is None:
         return {}
     digest, names, data = found

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from datetime import timedelta
 from typing import Any
@@ -9,9 +10,11 @@ from typing import Any
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import COMPACTION_RUNNER, JournalBackend, Tx
 from airflow_resumable.journal.compaction import compact_item, step_set_key
-from airflow_resumable.journal.errors import JobBusyError
+from airflow_resumable.journal.errors import JobBusyError, JournalConnectionError, JournalError
 
 __all__ = ["JournalHousekeeping"]
+
+log = logging.getLogger(__name__)
 
 
 class JournalHousekeeping:
@@ -46,6 +49,8 @@ class JournalHousekeeping:
                   if self._prune_job(job_id, cutoff, resume=True)]
         pruned += [job_id for (job_id,) in self.engine.read(sql.PRUNE_CANDIDATES, (cutoff,))
                    if self._prune_job(job_id, cutoff, resume=False)]
+        if self.engine.compacted_partitions:
+            self._drop_partitions()
         return pruned
 
     def _prune_job(self, job_id: str, cutoff: float, *, resume: bool) -> bool:
@@ -62,11 +67,44 @@ class JournalHousekeeping:
                     tx.run(sql.MARK_PRUNED, (time.time(), job_id))
             self._in_batches((sql.PRUNE_BATCH_END, sql.PRUNE_BATCH), job_id)
             found = self.engine.read(sql.JOB_NUMBER, (job_id,))
-            if found and found[0][0] is not None:  # and its compacted items, the same way
-                self._in_batches((sql.PRUNE_COMPACTED_END, sql.PRUNE_COMPACTED), found[0][0])
+            if found and found[0][0] is not None:  # and its compacted items
+                if self.engine.compacted_partitions:  # forgotten now, dropped with their partition
+                    with self.engine.write(durable=True) as tx:
+                        tx.run(sql.FORGET_COMPACTED, (found[0][0], job_id))
+                else:  # deleted the same way
+                    self._in_batches((sql.PRUNE_COMPACTED_END, sql.PRUNE_COMPACTED), found[0][0])
             return True
         finally:
             claim.release(remove=True)
+
+    # Tries to drop one partition, and the pause between them: a drop gives up after 50 ms when someone
+    # is reading compacted (its readers would queue behind it).
+    DROP_TRIES = 3
+    DROP_RETRY_PAUSE = 0.5
+
+    def _drop_partitions(self) -> None:
+        """Drop the partitions of ``compacted`` whose items belong to no job any more (PostgreSQL), each in a
+        transaction of its own. Nothing is rewritten: the server frees the files. One that cannot be dropped
+        now is left to the next prune (its items are no job's: no read sees them)."""
+        try:
+            for first, stop in self.engine.read(sql.DROPPABLE_PARTITIONS):
+                self._drop_partition(first, stop)
+        except JournalConnectionError:
+            raise
+        except JournalError as exc:  # refused: e.g. a role that does not own the journal's tables
+            log.warning("prune could not drop the partitions of compacted whose jobs are all pruned: %s The "
+                        "pruned jobs are pruned; their compacted items wait, no job's, for the next prune. Run "
+                        "prune as the role that owns the journal's tables.", exc)
+
+    def _drop_partition(self, first: int, stop: int) -> None:
+        for attempt in range(self.DROP_TRIES):
+            if attempt:
+                self._pause(self.DROP_RETRY_PAUSE)
+            with self.engine.write(durable=True) as tx:
+                tx.run(sql.READ_COMMITTED)
+                (dropped,) = tx.one(sql.DROP_PARTITION, (first, stop)) or (False,)
+            if dropped:
+                return
 
     def _in_batches(self, statements: tuple[str, str], key: object) -> None:
         """Delete a job's rows (``statements``: the end of the next batch after an item, the deletion of the
@@ -82,9 +120,7 @@ class JournalHousekeeping:
             if last is None:
                 return
             after = last
-            # As long again as the batch took (at least PRUNE_PAUSE, at most 50 ms): writers waiting for
-            # the journal get in.
-            self._pause(max(self.PRUNE_PAUSE, min(0.05, time.monotonic() - started)))
+            self._pause_after_batch(started)
 
     def compact(self, older_than: timedelta = timedelta(0)) -> dict[str, int]:
         """Keep the finished items of jobs no run has touched for ``older_than`` as one row each (schema 8,
@@ -128,6 +164,8 @@ class JournalHousekeeping:
                     if job_no is None:
                         tx.run(sql.NUMBER_JOB.format(next_job_no=self.engine.next_job_no), (job_id,))
                         (job_no,) = tx.one(sql.JOB_NUMBER, (job_id,)) or (None,)
+                        if self.engine.compacted_partitions:
+                            tx.one(sql.COMPACTED_PARTITION, (job_no,))
                     (last,) = tx.one(sql.PRUNE_BATCH_END, (job_id, after, self.PRUNE_BATCH_ITEMS)) or (None,)
                     if last is None:
                         tx.run(sql.JOB_COMPACTED, (time.time(), job_id))
@@ -136,7 +174,7 @@ class JournalHousekeeping:
             finally:
                 claim.release()
             after = last
-            self._pause(max(self.PRUNE_PAUSE, min(0.05, time.monotonic() - started)))
+            self._pause_after_batch(started)
 
     def _compact_batch(
         self, tx: Tx, job_id: str, job_no: int, after: str, last: str, step_sets: dict[tuple[str, ...], int],
@@ -161,6 +199,11 @@ class JournalHousekeeping:
                                                          item.digest, item.data)])
             tx.run(sql.items_delete(len(part)), [job_id, *(item.item_id for item in part)])
         return len(items)
+
+    def _pause_after_batch(self, started: float) -> None:
+        """As long again as the batch begun at ``started`` (``time.monotonic()``) took, at least PRUNE_PAUSE and
+        at most 50 ms: writers waiting for the journal get in."""
+        self._pause(max(self.PRUNE_PAUSE, min(0.05, time.monotonic() - started)))
 
     def _pause(self, seconds: float) -> None:
         """The prune's pause between two batches (its own method: a test watches it, not every sleep)."""

@@ -67,9 +67,9 @@ class JobRun:
                 tx.run(engine.seen_table_ddl(self._seen_table))
             # A job with no rows yet cannot have finished items: its first run skips the bulk check. (Rows
             # live or compacted: a job of compacted items only is no new job.)
-            self._new_job = not engine.read(sql.JOB_HAS_ROWS, (job_id, job_id))
             found = engine.read(sql.JOB_NUMBER, (job_id,))
             self._job_no: int | None = found[0][0] if found else None  # None: never compacted
+            self._new_job = not engine.read(sql.JOB_HAS_ROWS, (job_id, self._job_no))
             self._step_sets: dict[tuple[str, ...], list[int]] = {}
             # A previous run of this job that died left its receipts behind: commit them before deciding.
             engine.recover(job_id)

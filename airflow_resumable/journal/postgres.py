@@ -151,6 +151,7 @@ class PostgresBackend(EngineBase):
     # the entry's own. A longer key fails the row's first write - after the items before it were sent.
     max_key_bytes: int | None = 2600
     next_job_no = "nextval('job_numbers')"
+    compacted_partitions = True
     digest_hex = "encode({}, 'hex')"
     held_steps = "steps"  # PostgreSQL's planner picks steps_held by itself, analyzed or not
 

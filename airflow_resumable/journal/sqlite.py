@@ -108,6 +108,7 @@ class SqliteBackend(EngineBase):
     shared = False
     max_key_bytes: int | None = None
     next_job_no = "(SELECT coalesce(max(job_no), 0) + 1 FROM jobs)"  # writers take turns: no two get one number
+    compacted_partitions = False
     digest_hex = "lower(hex({}))"
     # Given job_id = ?, SQLite's planner walks the job's rows in the primary key rather than the
     # partial index of held steps (it keeps no table sizes): a whole job of 100,000 items read for a

@@ -153,13 +153,14 @@ TAKE_BACK_MARK = "DELETE FROM steps WHERE job_id = ? AND item_id = ? AND step = 
 
 JOB_PRUNED_AT = "SELECT pruned_at FROM jobs WHERE job_id = ?"
 JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
-# A job's or an item's rows, live or compacted (params: job_id twice; job_id, item_id twice).
+# A job's or an item's rows, live or compacted (params: job_id, job_no; job_id, item_id, job_no, item_id).
+# Compacted items are found by the job's number as a value: PostgreSQL's planner then opens one partition of
+# compacted, not every one (a join on jobs locked them all, per statement).
 JOB_HAS_ROWS = """SELECT 1 FROM steps WHERE job_id = ?
-                  UNION ALL SELECT 1 FROM compacted k JOIN jobs j ON j.job_no = k.job_no WHERE j.job_id = ?
+                  UNION ALL SELECT 1 FROM compacted WHERE job_no = ?
                   LIMIT 1"""
 ITEM_HAS_ROWS = """SELECT 1 FROM steps WHERE job_id = ? AND item_id = ?
-                   UNION ALL SELECT 1 FROM compacted k JOIN jobs j ON j.job_no = k.job_no
-                   WHERE j.job_id = ? AND k.item_id = ?
+                   UNION ALL SELECT 1 FROM compacted WHERE job_no = ? AND item_id = ?
                    LIMIT 1"""
 
 
@@ -315,9 +316,8 @@ def seen_unfinished(table: str, steps: int, step_sets: int, digest_hex: str) -> 
 # -- compacted items (schema version 8; see journal/compaction.py) ------------------------------------
 
 JOB_NUMBER = "SELECT job_no FROM jobs WHERE job_id = ?"
-COMPACTED_ITEM = """SELECT k.digest, s.names, k.data FROM compacted k JOIN jobs j ON j.job_no = k.job_no
-                    JOIN step_sets s ON s.id = k.step_set
-                     WHERE j.job_id = ? AND k.item_id = ?"""
+COMPACTED_ITEM = """SELECT k.digest, s.names, k.data FROM compacted k JOIN step_sets s ON s.id = k.step_set
+                    WHERE k.job_no = ? AND k.item_id = ?"""
 # {next_job_no}: the engine's next free job number (JournalBackend.next_job_no).
 NUMBER_JOB = "UPDATE jobs SET job_no = {next_job_no} WHERE job_id = ? AND job_no IS NULL"
 STEP_SET_ADD = "INSERT INTO step_sets (hash, names) VALUES (?, ?) ON CONFLICT (hash) DO NOTHING"
@@ -375,3 +375,21 @@ def merged_item_order(live: str, compacted_where: str) -> str:
 PRUNE_COMPACTED_END = """SELECT max(item_id) FROM (SELECT item_id FROM compacted WHERE job_no = ? AND item_id > ?
                                              ORDER BY item_id LIMIT ?) AS batch"""
 PRUNE_COMPACTED = "DELETE FROM compacted WHERE job_no = ? AND item_id > ? AND item_id <= ?"
+# PostgreSQL (JournalBackend.compacted_partitions; schema.py): make room for a numbered job's items; forget a
+# pruned job's number, its counts losing its compacted items (then no reader sees them); the partitions
+# every number of which was given and none of which a job has any more; drop one (re-checked under lock).
+COMPACTED_PARTITION = "SELECT compacted_partition(?)"
+FORGET_COMPACTED = """UPDATE jobs SET job_no = NULL, n_items = n_items - k.items, n_succeeded = n_succeeded - k.step_rows
+FROM (SELECT count(*) AS items, coalesce(sum(n_steps), 0) AS step_rows FROM compacted WHERE job_no = ?) AS k
+WHERE job_id = ?"""
+DROPPABLE_PARTITIONS = """
+SELECT p.first, p.stop FROM (
+  SELECT split_part(c.relname, '_', 2)::bigint AS first, split_part(c.relname, '_', 3)::bigint AS stop
+  FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+  WHERE i.inhparent = to_regclass('compacted') AND c.relname ~ '^compacted_[0-9]+_[0-9]+$') AS p
+WHERE p.stop - 1 <= (SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM job_numbers)
+  AND NOT EXISTS (SELECT 1 FROM jobs WHERE job_no >= p.first AND job_no < p.stop)
+ORDER BY p.first
+"""
+DROP_PARTITION = "SELECT compacted_drop(?, ?)"
+READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"  # whatever the server's default

@@ -9,6 +9,7 @@ and a compaction killed part way leaves a journal whose counts equal a recount a
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -198,12 +199,118 @@ def test_decisions_about_a_compacted_step_are_refused_as_about_a_settled_one(jou
         assert backends.snapshot(journal_location) == before
 
 
+def owned_compacted_count(location: str) -> int:
+    """Compacted items that belong to a job (PostgreSQL: prune forgets a job's items, its partition goes later)."""
+    return int(backends.execute(location, "SELECT count(*) FROM compacted k JOIN jobs j ON j.job_no = k.job_no")[0][0])
+
+
+def partitions(location: str) -> list[str]:
+    return [r[0] for r in backends.execute(
+        location, "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                  "WHERE i.inhparent = 'compacted'::regclass ORDER BY 1")]
+
+
 def test_prune_forgets_compacted_items_too(journal_location, finished_job):
     with StepJournal(journal_location) as journal:
         compact_every_item(journal, finished_job)
         assert journal.prune(timedelta(0)) == [JOB]
-        assert compacted_count(journal_location) == 0 and all_rows(journal) == []
+        assert owned_compacted_count(journal_location) == 0 and all_rows(journal) == []
         assert journal.job(JOB).items == 0 and journal.job(JOB).pruned_at is not None
+        # SQLite deletes them; PostgreSQL keeps them (no job's) until every job of their partition is pruned.
+        assert compacted_count(journal_location) == (40 if backends.is_postgres(journal_location) else 0)
+    backends.assert_counts_exact(journal_location)
+
+
+@pytest.mark.parametrize("journal_location", ["postgres"], indirect=True)
+def test_postgres_prune_drops_a_partition_once_no_job_has_a_number_in_it(journal_location, finished_job):
+    """The partition of job numbers 0-63 goes only when every number in it was given and no job keeps one:
+    a job of the partition with a held item keeps it (and its items readable); once it is pruned too, the
+    whole partition is dropped, and a job compacted later gets a partition of its own."""
+    other = "dag/send/run-2"
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, finished_job)  # JOB: number 1
+        finished_job.fail.add("item-003")
+        with pytest.raises(TimeoutError):
+            run_batch(journal, other, items(10), finished_job.steps())
+        finished_job.fail.clear()
+        assert [h.item_id for h in run_batch(journal, other, items(10), finished_job.steps()).held] == ["item-003"]
+        assert journal.compact(timedelta(0)) == {other: 9}  # number 2; item-003 held, live
+        backends.execute(journal_location, "SELECT setval('job_numbers', 100)")  # 98 more jobs were numbered since
+        kept = all_rows(journal, other)
+
+        assert journal.prune(timedelta(0)) == [JOB]  # not the other: it holds an item
+        assert partitions(journal_location) == ["compacted_0_64"] and compacted_count(journal_location) == 49
+        assert all_rows(journal) == [] and journal.job(JOB).items == 0
+        assert all_rows(journal, other) == kept and journal.job(other).items == 10
+        backends.assert_counts_exact(journal_location)
+
+        journal.resolve(other, "item-003", "send", delivered=True, receipt="r-3", resolved_by="oncall")
+        run_batch(journal, other, items(10), finished_job.steps())
+        assert journal.prune(timedelta(0)) == [other]
+        assert partitions(journal_location) == [] and compacted_count(journal_location) == 0
+        backends.assert_counts_exact(journal_location)
+
+        third = "dag/send/run-3"
+        run_batch(journal, third, items(5), finished_job.steps())
+        before = all_rows(journal, third)
+        assert journal.compact(timedelta(0)) == {third: 5}
+        assert partitions(journal_location) == ["compacted_64_128"] and all_rows(journal, third) == before
+        sent = len(finished_job.sent)
+        assert run_batch(journal, third, items(5), finished_job.steps()).executed_steps == 0
+        assert len(finished_job.sent) == sent
+
+
+def prune_within(journal: StepJournal, seconds: float = 120) -> list[str]:
+    """prune(), which must return (not wait for a reader of compacted for ever)."""
+    found: list[list[str]] = []
+    worker = threading.Thread(target=lambda: found.append(journal.prune(timedelta(0))), daemon=True)
+    worker.start()
+    worker.join(seconds)
+    assert found, "prune waited for the reader of compacted"
+    return found[0]
+
+
+@pytest.mark.parametrize("journal_location", ["postgres"], indirect=True)
+def test_postgres_a_reader_of_compacted_puts_the_drop_off_to_the_next_prune(journal_location, finished_job):
+    """Dropping a partition locks all of compacted, and its readers would queue behind it: with a transaction
+    reading compacted open, prune forgets the job, gives the drop up after a moment (three tries), and the
+    next prune drops the partition."""
+    import psycopg
+
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, finished_job)
+        backends.execute(journal_location, "SELECT setval('job_numbers', 63)")
+        with psycopg.connect(journal_location) as reader:  # a transaction, open
+            reader.execute("SELECT count(*) FROM resumable.compacted").fetchone()
+            assert prune_within(journal) == [JOB]
+            assert partitions(journal_location) == ["compacted_0_64"] and journal.job(JOB).items == 0
+        assert prune_within(journal) == []
+        assert partitions(journal_location) == [] and compacted_count(journal_location) == 0
+    backends.assert_counts_exact(journal_location)
+
+
+@pytest.mark.parametrize("journal_location", ["postgres"], indirect=True)
+def test_postgres_a_role_that_may_not_drop_prunes_and_leaves_the_partition(journal_location, finished_job, caplog):
+    """Dropping a table takes its owner: a prune by a role that may only read and write the rows prunes the
+    job, says why the partition stayed, and the owner's next prune drops it."""
+    import psycopg
+
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, finished_job)
+    backends.execute(journal_location, "SELECT setval('job_numbers', 63)")
+    with psycopg.connect(journal_location, autocommit=True) as conn:
+        conn.execute("CREATE ROLE rows_only LOGIN")
+        conn.execute("GRANT USAGE ON SCHEMA resumable TO rows_only")
+        conn.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA resumable TO rows_only")
+        conn.execute("GRANT USAGE ON ALL SEQUENCES IN SCHEMA resumable TO rows_only")
+    with StepJournal(journal_location.replace("postgres@", "rows_only@", 1)) as journal:
+        assert journal.prune(timedelta(0)) == [JOB]
+        assert journal.job(JOB).items == 0 and all_rows(journal) == []
+    assert partitions(journal_location) == ["compacted_0_64"]
+    assert "could not drop the partitions of compacted" in caplog.text and "owns the journal's tables" in caplog.text
+    with StepJournal(journal_location) as journal:
+        assert journal.prune(timedelta(0)) == []
+    assert partitions(journal_location) == []
     backends.assert_counts_exact(journal_location)
 
 
@@ -381,3 +488,66 @@ def test_a_whole_job_read_at_once_names_no_item_in_a_statement(tmp_path):
         journal.compact(timedelta(0))
         journal.engine._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
         assert all_rows(journal) == before and paged(journal, 1000) == before
+
+
+@pytest.mark.parametrize("journal_location", ["postgres"], indirect=True)
+def test_postgres_the_drop_checks_in_read_committed_whatever_the_servers_default(journal_location, finished_job):
+    """compacted_drop() must see a job numbered while it waited for the lock: it runs in read committed (it
+    refuses any other level), which prune asks for even when the database's default is repeatable read."""
+    import psycopg
+
+    database = journal_location.rsplit("/", 1)[1]
+    backends.execute(journal_location, f'ALTER DATABASE "{database}" SET default_transaction_isolation = '
+                                       "'repeatable read'")
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, finished_job)
+        backends.execute(journal_location, "SELECT setval('job_numbers', 63)")
+        assert journal.prune(timedelta(0)) == [JOB]
+        assert partitions(journal_location) == []
+    with psycopg.connect(journal_location) as conn, pytest.raises(psycopg.errors.RaiseException, match="read committed"):
+        conn.execute("SELECT resumable.compacted_drop(64, 128)")
+    backends.assert_counts_exact(journal_location)
+
+
+@pytest.mark.parametrize("journal_location", ["postgres"], indirect=True)
+@pytest.mark.parametrize("stopped_at", ["forgetting", "dropping"])
+def test_postgres_a_prune_stopped_before_it_forgot_or_dropped_is_finished_by_the_next(
+    journal_location, finished_job, monkeypatch, stopped_at
+):
+    """Stopped after the tombstone, before the job's compacted items were forgotten: the job reads as pruned,
+    is never run again, and the next prune forgets them. Stopped before the drop: the next prune drops."""
+    from airflow_resumable.journal import statements as sql
+    from airflow_resumable.journal.errors import JobPrunedError
+
+    with StepJournal(journal_location) as journal:
+        compact_every_item(journal, finished_job)
+        backends.execute(journal_location, "SELECT setval('job_numbers', 63)")
+        write = journal.engine.write
+
+        @contextlib.contextmanager
+        def stops(*, durable):
+            with write(durable=durable) as tx:
+                run = tx.run
+
+                def watched(statement, params=()):
+                    if statement in (sql.FORGET_COMPACTED, sql.READ_COMMITTED)[stopped_at == "dropping"]:
+                        raise KeyboardInterrupt  # the prune process is stopped here
+                    return run(statement, params)
+
+                tx.run = watched
+                yield tx
+
+        monkeypatch.setattr(journal.engine, "write", stops)
+        with pytest.raises(KeyboardInterrupt):
+            journal.prune(timedelta(0))
+        monkeypatch.setattr(journal.engine, "write", write)
+        backends.assert_counts_exact(journal_location)
+        assert journal.job(JOB).status == "pruned" and partitions(journal_location) == ["compacted_0_64"]
+        assert journal.job(JOB).items == (40 if stopped_at == "forgetting" else 0)
+        sent = len(finished_job.sent)
+        with pytest.raises(JobPrunedError):
+            run_batch(journal, JOB, items(), finished_job.steps())
+        assert len(finished_job.sent) == sent
+        assert journal.prune(timedelta(days=365)) == ([JOB] if stopped_at == "forgetting" else [])
+        assert journal.job(JOB).items == 0 and all_rows(journal) == [] and partitions(journal_location) == []
+    backends.assert_counts_exact(journal_location)
