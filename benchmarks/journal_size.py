@@ -331,6 +331,7 @@ class PostgresEngine(Engine):
     def fill_job(self, conn: Any, p: dict[str, Any], dag_id: str) -> None:
         with conn.transaction():
             conn.execute(_JOB_ROW.format(p="%s"), _job_row(p, dag_id))
+            conn.execute("SELECT compacted_partition(%s)", (p["job_no"],))  # as compaction does, numbering a job
             for first in range(0, p["items"], self.FILL_CHUNK):
                 chunk = p | {"first": first, "last": min(p["items"], first + self.FILL_CHUNK) - 1}
                 conn.execute(_POSTGRES_FILL, chunk)
@@ -348,10 +349,12 @@ class PostgresEngine(Engine):
             conn.execute("VACUUM FULL steps")  # autovacuum reuses the space; only FULL shows it here
 
     def bytes(self) -> tuple[int, str]:
-        sizes = " + ".join(f"pg_total_relation_size('{t}')" for t in _TABLES.replace("'", "").split(", "))
+        # compacted is partitioned: its size is its partitions' (pg_partition_tree has no rows for a plain table)
+        sizes = " + ".join(f"coalesce((SELECT sum(pg_total_relation_size(relid)) FROM pg_partition_tree('{t}')), "
+                           f"pg_total_relation_size('{t}'))" for t in _TABLES.replace("'", "").split(", "))
         with self.connection() as conn:
             (size,) = conn.execute(f"SELECT {sizes}").fetchone()
-        return int(size), sizes
+        return int(size), f"pg_total_relation_size ({_TABLES.replace(chr(39), '')}; compacted's partitions)"
 
 
 # ------------------------------------------------------------------------------------- reading
@@ -586,6 +589,9 @@ def measure_prune(engine: Engine, shape: Shape, runner_items: int) -> dict[str, 
     with engine.open(readonly=True) as reader:
         jobs = {j.job_id: j for j in reader.jobs()}
     recount = {row[0]: row[1:] for row in engine.count(recount_statement())}
+    # PostgreSQL: items of pruned jobs whose partition also holds jobs kept wait there, no job's, until those go.
+    ((unowned,),) = engine.count("SELECT count(*) FROM compacted k WHERE NOT EXISTS "
+                                 "(SELECT 1 FROM jobs j WHERE j.job_no = k.job_no)")
     problems = [j for j in finished if jobs[j].pruned_at is None or jobs[j].items or j in recount]
     problems += [j for j, items in kept.items() if jobs[j].items != items or recount[j][0] != items]
     for job in jobs.values():
@@ -602,6 +608,7 @@ def measure_prune(engine: Engine, shape: Shape, runner_items: int) -> dict[str, 
         "interrupted_mid_job": interrupted and bool(under_way),
         "resumed_jobs": len(resumed["resumed"]),
         "pruned_by_second": len(resumed["pruned"]),
+        "items_left_for_their_partition": int(unowned),
         "counts_exact": not problems,
         "problems": problems[:5],
         "marks": len(during),

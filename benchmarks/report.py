@@ -259,7 +259,9 @@ def journal_size_rows(sections: dict[str, Any]) -> list[Row]:
                        size["big"]["bytes_per_item"], "<=", 250,
                        f"{size['big']['bytes_per_item']:,.0f} B", unit=" B"))
         prune = j["prune"]
-        out.append(Row(f"{where}: max mark wait while {prune['items']:,} items are pruned ({prune['marks']:,} marks)",
+        left = prune.get("items_left_for_their_partition")
+        left = f"; {left:,} of them wait, no job's, for their partition to go" if left else ""
+        out.append(Row(f"{where}: max mark wait while {prune['items']:,} items are pruned ({prune['marks']:,} marks{left})",
                        f"max {_ms(prune['max_mark_ms'])}", f"p99 {_ms(prune['p99_mark_ms'])}", prune["max_mark_ms"],
                        "<=", 100, _ms(prune["max_mark_ms"]), unit=" ms"))
         resumed = prune["interrupted_mid_job"] and prune["resumed_jobs"] >= 1 and prune["counts_exact"]
