@@ -110,15 +110,18 @@ class ReviewHeldItemsOperator(HITLOperator):
         target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
         with open_batch_journal(target, owner=self.task_id, recorded_id=recorded_id) as journal:
             # One page of holds, however many a receiver outage left; the job's own count says how many.
-            shown = list(journal.held(job_id, limit=self.max_items))
             summary = journal.job(job_id)
+            if summary is None:  # a mistyped job_id: "nothing held" would let the DAG go on as if reviewed
+                raise ValueError(f"{self.task_id}: journal {journal.location} has no job {job_id!r}; check the "
+                                 "job_id (or give batch_task_id= to take it from the batch task)")
+            shown = list(journal.held(job_id, limit=self.max_items))
             rows = {(r.item_id, r.step): r for item_id in dict.fromkeys(h.item_id for h in shown)
                     for r in journal.rows(job_id, item_id)}
             journal_id = journal.journal_id
         if not shown:
             self.log.info("Job %s has nothing held: nothing to review", job_id)
             return {"job_id": job_id, "held": 0, "applied": 0}
-        held = max(len(shown), summary.held if summary is not None else 0)
+        held = max(len(shown), summary.held)
         self.log.info("Job %s: %d held item(s); asking for a decision on %d in Required actions",
                       job_id, held, len(shown))
         self.params = ParamsDict(review_params(shown))

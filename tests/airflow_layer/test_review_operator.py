@@ -198,3 +198,18 @@ def test_the_review_task_refuses_a_response_to_a_hold_that_changed_since_it_was_
         assert run_batch(journal, JOB, items, steps).status == "completed"
         assert [a.resolved_by for a in journal.resolutions(JOB)] == ["carol", "alice"]
     assert deliveries == {key_a: 2, idempotency_key(JOB, "b", "notify"): 1}  # the original and one re-send
+
+
+def test_a_review_of_a_job_the_journal_does_not_have_fails_and_says_so(tmp_path, monkeypatch):
+    """A mistyped job_id: the review must not succeed as "nothing held" (the DAG would go on as if the job had
+    been reviewed); it fails naming the job, as the sensor does. A job with nothing held is still a success."""
+    location = str(tmp_path / "journal.sqlite3")
+    with StepJournal(location) as journal:
+        run_batch(journal, JOB, [{"id": "a"}], [Step("notify", lambda item, ctx: "r", side_effect=True)])
+    before = tmp_path.joinpath("journal.sqlite3").read_bytes()
+    typo = ReviewHeldItemsOperator(task_id="review", job_id=JOB + "x", **journal_arguments(location, monkeypatch))
+    with pytest.raises(ValueError, match=f"review: journal .* has no job '{JOB}x'; check the job_id"):
+        typo.execute({})
+    assert tmp_path.joinpath("journal.sqlite3").read_bytes() == before
+    settled = ReviewHeldItemsOperator(task_id="review", job_id=JOB, **journal_arguments(location, monkeypatch))
+    assert settled.execute({}) == {"job_id": JOB, "held": 0, "applied": 0}
