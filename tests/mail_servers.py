@@ -333,6 +333,12 @@ class Fault(str, enum.Enum):
     AFTER_MARKER = "after_marker"
     # (c) The server answered the marker (the message is delivered); the proxy drops that reply.
     REPLY_LOST = "reply_lost"
+    # The server's reply to the armed stage (MAIL, RCPT, DATA or the marker) reaches the client only up
+    # to its first `keep` bytes, then both sides are closed. The server did what it answered.
+    REPLY_CUT = "reply_cut"
+    # The client gets `answer` instead of the server's reply to the armed stage, then both sides are
+    # closed. forward=False: the server never sees the command (for the marker: nothing is delivered).
+    REPLY_FORGED = "reply_forged"
 
 
 @dataclass
@@ -340,8 +346,12 @@ class Armed:
     """One armed fault: fires on the first message with ``rcpt`` among its recipients."""
 
     fault: Fault
-    rcpt: str
+    rcpt: str  # "*": any message
     pause: bool = False
+    stage: bytes = b"."  # REPLY_CUT / REPLY_FORGED: b"MAIL", b"RCPT", b"DATA" or b"." (the marker)
+    keep: int = 0  # REPLY_CUT: how many bytes of the reply reach the client
+    answer: bytes = b""  # REPLY_FORGED: what the client reads instead
+    forward: bool = True  # REPLY_FORGED: whether the server sees the command
     fired: threading.Event = field(default_factory=threading.Event)
     paused: threading.Event = field(default_factory=threading.Event)
     released: threading.Event = field(default_factory=threading.Event)
@@ -414,19 +424,30 @@ class FaultProxy:
         self._closed = False
         threading.Thread(target=self._accept, daemon=True, name="fault-proxy").start()
 
-    def arm(self, fault: Fault | str, rcpt: str, *, pause: bool = False) -> Armed:
-        armed = Armed(Fault(fault), rcpt.lower(), pause)
+    def arm(self, fault: Fault | str, rcpt: str, *, pause: bool = False, stage: str = ".", keep: int = 0,
+            answer: bytes = b"", forward: bool = True) -> Armed:
+        """Fire ``fault`` on the first message to ``rcpt`` ("*": any; only "*" can fire at MAIL)."""
+        if stage not in ("MAIL", "RCPT", "DATA", "."):
+            raise ValueError(f"no such stage {stage!r}")
+        armed = Armed(Fault(fault), rcpt.lower(), pause, stage.encode(), keep, answer, forward)
         with self._lock:
             self._armed.append(armed)
         return armed
 
-    def _take(self, rcpts: list[str]) -> Armed | None:
+    def _take(self, rcpts: list[str], stage: bytes = b".") -> Armed | None:
         with self._lock:
             for armed in self._armed:
-                if armed.rcpt in rcpts:
+                if armed.stage == stage and (armed.rcpt in rcpts or armed.rcpt == "*"):
                     self._armed.remove(armed)
                     return armed
         return None
+
+    def _answer(self, client: _Side, armed: Armed, reply: bytes) -> None:
+        """What a REPLY_CUT or REPLY_FORGED lets the client read of ``reply``; the session then ends."""
+        armed.fired.set()  # before the client can read it: the test looks right after the client fails
+        client.sock.sendall(reply[:armed.keep] if armed.fault == Fault.REPLY_CUT else armed.answer)
+        self._hold(armed)
+        raise _Cut
 
     def _accept(self) -> None:
         while not self._closed:
@@ -472,8 +493,13 @@ class FaultProxy:
             elif verb == b"RCPT":
                 found = re.search(rb"<([^>]*)>", command)
                 rcpts.append(found.group(1).decode("ascii", "replace").lower() if found else "")
+            armed = self._take(rcpts, verb) if verb in (b"MAIL", b"RCPT", b"DATA") else None
+            if armed and not armed.forward:
+                self._answer(client, armed, b"")
             server.sock.sendall(command)
             answer = server.reply()
+            if armed:
+                self._answer(client, armed, answer)
             if verb == b"DATA" and answer.startswith(b"354"):
                 self._message(client, server, answer, self._take(rcpts))
                 continue
@@ -494,6 +520,14 @@ class FaultProxy:
             client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             raise _Cut
         data = client.data()
+        if armed and fault in (Fault.REPLY_CUT, Fault.REPLY_FORGED):
+            if not armed.forward:
+                server.sock.sendall(data[:-3])  # the body, never the marker: nothing is delivered
+                self._answer(client, armed, b"")
+            server.sock.sendall(data)
+            reply = server.reply()
+            armed.answered.set()
+            self._answer(client, armed, reply)
         if armed and fault == Fault.MARKER_LOST:
             server.sock.sendall(data[:-3])  # the body, never the marker
             self._hold(armed)

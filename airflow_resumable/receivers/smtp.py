@@ -14,14 +14,20 @@ RCPT, DATA, the body, then the marker in a write of its own) and knows which sid
 failure fell on:
 
 * before the marker was completely written (connect refused or timed out, an error at the greeting,
-  EHLO, STARTTLS, AUTH, MAIL, RCPT or DATA, a cut while the body was written), or a 4xx reply to any
-  command or to the marker (the server's word that it did not take the message): nothing was
-  delivered - :class:`MailNotSent`, a ``NotSentError``: the next run sends it again, no verify, no hold;
-* a 5xx reply to MAIL, RCPT, DATA or the marker (a permanent refusal, e.g. no such mailbox): nothing
-  was delivered and no retry can change that - :class:`MailRejected`, also not sent, and it fails the
-  task without spending its retries (fix the item or the server, then Clear);
-* after the marker was written, before its reply was read (a cut, a timeout): the server may have
-  the message - :class:`MailOutcomeUnknown`; the next run asks ``verify``.
+  EHLO, STARTTLS, AUTH, MAIL, RCPT or DATA, a reply cut part-way, a cut while the body was written),
+  or a whole 4xx reply line to the marker (the server's word that it did not take the message):
+  nothing was delivered - :class:`MailNotSent`, a ``NotSentError``: the next run sends it again, no
+  verify, no hold;
+* a whole 5xx reply line to MAIL, RCPT, DATA or the marker (a permanent refusal, e.g. no such
+  mailbox): nothing was delivered and no retry can change that - :class:`MailRejected`, also not
+  sent, and it fails the task without spending its retries (fix the item or the server, then Clear);
+* after the marker was written, anything but a whole, well-formed reply of 250, 4xx or 5xx (a cut,
+  a timeout, a reply cut part-way such as ``25``, an unparsable line, a 252): the server may have the
+  message - :class:`MailOutcomeUnknown`; the next run asks ``verify``.
+
+Replies to MAIL, RCPT, DATA and the marker are read as the bytes came (smtplib's ``getreply`` strips
+line ends and parses a cut line, so ``25`` of a cut ``250 2.0.0 Ok`` would read as the code 25): a reply
+counts only when each of its lines is three digits, then a space, a hyphen or nothing, ended by CRLF.
 """
 
 from __future__ import annotations
@@ -105,6 +111,32 @@ def _session_of(hook: SmtpHook) -> smtplib.SMTP | None:
     return client if isinstance(client, smtplib.SMTP) else None
 
 
+# One line of a reply as RFC 5321 writes it: three digits, then a space, a hyphen (more lines follow)
+# or nothing, the text, and CRLF. The text never holds a line end: readline stops at the first LF.
+_REPLY_LINE = re.compile(rb"([0-9]{3})(?:([ -])([^\r\n]*))?\r\n")
+# smtplib's own limit on a reply line; a longer one is no reply we can read.
+_MAX_REPLY_LINE = 8192
+
+
+def _read_reply(client: smtplib.SMTP) -> tuple[int | None, bytes]:
+    """The server's next reply read from the session's own buffered reader, as its bytes came:
+    ``(code, text of its last line)`` when every line is whole and well formed and all carry one code,
+    else ``(None, b"")`` - a reply cut part-way (``25`` of ``250 2.0.0 Ok``), a line without its CRLF,
+    a line that is not a reply. An error while reading (a timeout, a reset) is raised."""
+    if client.file is None:  # smtplib makes the same reader on its first reply; the greeting made it
+        assert client.sock is not None
+        client.file = client.sock.makefile("rb")
+    code: bytes | None = None
+    while True:
+        line = client.file.readline(_MAX_REPLY_LINE + 1)
+        found = _REPLY_LINE.fullmatch(line)
+        if found is None or (code is not None and found.group(1) != code):
+            return None, b""
+        code = found.group(1)
+        if found.group(2) != b"-":
+            return int(code), found.group(3) or b""
+
+
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -128,10 +160,11 @@ class SmtpReceiver:
         or the Sent folder of a submission server that keeps one).
     :param message_id_domain: the right-hand side of the Message-ID; default: the sender's domain.
     :param archive_authoritative: the archive copy is written before the server answers the
-        end-of-data marker, so a message the archive lacks was never delivered: ``verify`` then answers
-        ``NOT_DELIVERED`` and the runner sends it once instead of holding. Default: the IMAP
-        connection's extra ``archive_authoritative``, else False - a server that queues and delivers
-        later (most MTAs) may not have filed the copy yet.
+        end-of-data marker, and keeps the Message-ID as sent, so a message the archive lacks was never
+        delivered: ``verify`` then answers ``NOT_DELIVERED`` and the runner sends it once instead of
+        holding. Default: the IMAP connection's extra ``archive_authoritative``, else False - a server
+        that queues and delivers later (most MTAs) may not have filed the copy yet, and a relay that
+        rewrites the Message-ID makes "not found" mean nothing (leave it False there).
     """
 
     def __init__(
@@ -279,10 +312,16 @@ class SmtpReceiver:
         return client
 
     @staticmethod
-    def _expect(stage: str, reply: tuple[int, bytes], ok: tuple[int, ...]) -> None:
-        code = reply[0]
+    def _command(client: smtplib.SMTP, stage: str, command: str, ok: tuple[int, ...]) -> None:
+        """Send ``command`` before the marker and insist on one of the ``ok`` replies: anything else
+        leaves nothing delivered. Only a whole 5xx line is a refusal for good: a cut ``550 5.1.1 no s``
+        may be a cut of anything, and a retry is what settles it."""
+        client.putcmd(command)
+        code, _ = _read_reply(client)
         if code in ok:
             return
+        if code is None:
+            raise MailNotSent(stage, "a cut or malformed reply")
         if 500 <= code < 600:
             raise MailRejected(stage, code)
         raise MailNotSent(stage, f"SMTP {code}")
@@ -294,12 +333,12 @@ class SmtpReceiver:
             # takes a message responsibility before it has read the whole marker).
             client.ehlo_or_helo_if_needed()  # SmtpHook greets only when it starts TLS or logs in
             stage = "MAIL"
-            self._expect(stage, client.mail(sender), (250,))
+            self._command(client, stage, f"MAIL FROM:{smtplib.quoteaddr(sender)}", (250,))
             stage = "RCPT"
             for address in recipients:
-                self._expect(stage, client.rcpt(address), (250, 251))
+                self._command(client, stage, f"RCPT TO:{smtplib.quoteaddr(address)}", (250, 251))
             stage = "DATA"
-            self._expect(stage, client.docmd("DATA"), (354,))
+            self._command(client, stage, "DATA", (354,))
             stage = "the body"
             client.send(data)
             # The marker in a write of its own. If this sendall raises, the marker was not completely
@@ -314,14 +353,18 @@ class SmtpReceiver:
             raise MailNotSent(stage, type(exc).__name__) from None
         # The marker is out: from here the server may have the message whatever happens to its reply.
         try:
-            code, text = client.getreply()
+            code, text = _read_reply(client)
         except Exception as exc:
             raise MailOutcomeUnknown(type(exc).__name__) from None
         if code == 250:
             return f"{code} {text.decode('utf-8', 'replace')[:_MAX_REPLY]}"
-        # A reply other than 250 to the marker is the server's word that it did not take the message.
-        self._expect("end of data", (code, text), (250,))
-        raise MailOutcomeUnknown(f"SMTP {code}")  # a 1xx/2xx/3xx that is not 250: no clear answer
+        # Only a whole 4xx or 5xx line is the server's word that it did not take the message.
+        if code is not None and 400 <= code < 500:
+            raise MailNotSent("end of data", f"SMTP {code}")
+        if code is not None and 500 <= code < 600:
+            raise MailRejected("end of data", code)
+        # A cut or unparsable reply, or a 1xx/2xx/3xx that is not 250: no clear answer.
+        raise MailOutcomeUnknown("a cut or malformed reply" if code is None else f"SMTP {code}")
 
     # ------------------------------------------------------------------------------- verifying
 

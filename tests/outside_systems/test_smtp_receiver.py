@@ -313,3 +313,115 @@ def test_sigkill_at_each_point_of_the_session_then_a_fresh_process_resumes(mail_
     # Item 9 was left IN_FLIGHT by the last kill: this run found it in the archive.
     assert summary == {"status": "completed", "executed": 1, "verified": 1, "resent": 0, "held": []}
     assert_each_mail_once(mail_servers, job_id, 10)
+
+
+# ---------------------------------------------------------------- replies cut part-way, odd replies
+
+# What the sink answers the end-of-data marker with (its queue id is 12 characters).
+MARKER_REPLY_LENGTH = len(b"250 2.0.0 Ok: queued as 0123456789AB\r\n")
+
+
+def test_a_marker_reply_cut_at_any_byte_is_verified_never_sent_again(mail_servers, proxy, connections, tmp_path):
+    """The sink files each message, then its ``250 2.0.0 Ok: queued as ...`` reaches the client only
+    up to byte k, for every k: ``25`` is no refusal, it is an unknown outcome. Each next run asks the
+    archive, finds the message and sends it no second time."""
+    from airflow_resumable.receivers.smtp import MailOutcomeUnknown
+
+    job_id = f"mail-{uuid.uuid4().hex[:8]}"
+    count = MARKER_REPLY_LENGTH
+    mail = receiver()
+    verify = Verify(mail)
+    steps = [Step(STEP, mail.notify, side_effect=True, verify=verify)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        for keep in range(count):
+            armed = proxy.arm(Fault.REPLY_CUT, f"user{keep + 1}@example.test", keep=keep)
+            with pytest.raises(MailOutcomeUnknown):
+                run_batch(journal, job_id, items(count), steps)
+            assert armed.fired.is_set() and armed.answered.is_set()
+        last = run_batch(journal, job_id, items(count), steps)
+    assert last.status == "completed" and last.verified_steps == 1 and last.executed_steps == 0
+    assert verify.asked == [f"item-{n:03d}" for n in range(1, count + 1)]
+    assert_each_mail_once(mail_servers, job_id, count)
+
+
+@pytest.mark.parametrize(("answer", "forward", "raised", "settled_by"), [
+    (b"25\r\n", True, "MailOutcomeUnknown", "found"),
+    (b"2", True, "MailOutcomeUnknown", "found"),
+    (b"252 2.0.0 Cannot say\r\n", True, "MailOutcomeUnknown", "found"),
+    (b"250", True, "MailOutcomeUnknown", "found"),  # no CRLF: the line may have gone on
+    (b"250-2.0.0 Ok\r\n", True, "MailOutcomeUnknown", "found"),  # a last line that never came
+    (b"250-2.0.0 Ok\r\n251 Ok\r\n", True, "MailOutcomeUnknown", "found"),  # two codes in one reply
+    (b"2500 Ok\r\n", True, "MailOutcomeUnknown", "found"),
+    (b"250Ok\r\n", True, "MailOutcomeUnknown", "found"),
+    (b"\x00\xff garbage\r\n", True, "MailOutcomeUnknown", "found"),
+    (b"451 4.3.0 Try again later\r\n", False, "MailNotSent", "sent again"),
+    (b"451-4.3.0 Try\r\n451 4.3.0 again later\r\n", False, "MailNotSent", "sent again"),
+    (b"45", False, "MailOutcomeUnknown", "not found: sent once"),
+    (b"554 5.6.0 Message refused\r\n", False, "MailRejected", "sent again"),
+], ids=lambda value: value.decode("ascii", "replace") if isinstance(value, bytes) else None)
+def test_only_a_whole_refusal_of_the_marker_counts_as_not_sent(mail_servers, proxy, connections, tmp_path, answer,
+                                                               forward, raised, settled_by):
+    """The marker's reply is replaced: after the sink took the message (``forward``), anything but a
+    whole ``250`` is an unknown outcome, verified; a whole 4xx or 5xx line (the sink never saw the
+    marker) is a refusal, sent again with no verify. Every mail once."""
+    job_id = f"mail-{uuid.uuid4().hex[:8]}"
+    mail = receiver()
+    verify = Verify(mail)
+    steps = [Step(STEP, mail.notify, side_effect=True, verify=verify)]
+    armed = proxy.arm(Fault.REPLY_FORGED, "user2@example.test", answer=answer, forward=forward)
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(Exception) as first:
+            run_batch(journal, job_id, items(3), steps)
+        assert armed.fired.is_set() and type(first.value).__name__ == raised
+        (row,) = journal.rows(job_id, "item-002")
+        assert (row.status, row.not_sent) == (Status.FAILED, raised != "MailOutcomeUnknown")
+        second = run_batch(journal, job_id, items(3), steps)
+    assert second.status == "completed" and second.held == []
+    if settled_by == "found":
+        assert verify.asked == ["item-002"] and second.verified_steps == 1 and second.executed_steps == 1
+    elif settled_by == "not found: sent once":
+        assert verify.asked == ["item-002"] and second.resent_steps == 1 and second.executed_steps == 2
+    else:
+        assert verify.asked == [] and second.executed_steps == 2
+    assert_each_mail_once(mail_servers, job_id, 3)
+
+
+# The sink's replies before the marker (aiosmtpd's own to MAIL and DATA, the sink's to RCPT).
+EARLY_REPLIES = {"MAIL": b"250 OK\r\n", "RCPT": b"250 2.1.5 Ok\r\n",
+                 "DATA": b"354 End data with <CR><LF>.<CR><LF>\r\n"}
+REJECTION = b"550 5.1.1 Recipient address rejected: no such user\r\n"
+
+
+def test_a_reply_cut_before_the_marker_is_not_sent_and_never_a_refusal_for_good(mail_servers, proxy, connections,
+                                                                                tmp_path):
+    """The reply to MAIL, RCPT or DATA cut at every byte: nothing was delivered, the row says not sent
+    and the next run sends the item again with no verify. A cut ``550 5.1.1 Recipient addr`` is not
+    the server's refusal for good (the task may retry); only the whole line is."""
+    from airflow_resumable._compat import airflow_fail_exception
+    from airflow_resumable.receivers.smtp import MailNotSent, MailRejected
+
+    job_id = f"mail-{uuid.uuid4().hex[:8]}"
+    cuts = [(stage, keep) for stage, reply in EARLY_REPLIES.items() for keep in range(len(reply))]
+    mail = receiver()
+    verify = Verify(mail)
+    steps = [Step(STEP, mail.notify, side_effect=True, verify=verify)]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        for n, (stage, keep) in enumerate(cuts, start=1):
+            armed = proxy.arm(Fault.REPLY_CUT, "*" if stage == "MAIL" else f"user{n}@example.test", stage=stage,
+                              keep=keep)
+            with pytest.raises(MailNotSent) as cut:
+                run_batch(journal, job_id, items(len(cuts)), steps)
+            assert armed.fired.is_set() and cut.value.stage == stage and not isinstance(cut.value, MailRejected)
+            (row,) = [r for r in journal.rows(job_id) if r.status != Status.SUCCEEDED]  # MAIL's: the next item's
+            assert (row.status, row.not_sent) == (Status.FAILED, True)
+        assert run_batch(journal, job_id, items(len(cuts)), steps).status == "completed"
+        assert verify.asked == []
+        rejected = [{"id": "item-001", "to": "reject-me@example.test", "amount": 1}]
+        for keep in range(len(REJECTION) + 1):
+            proxy.arm(Fault.REPLY_CUT, "reject-me@example.test", stage="RCPT", keep=keep)
+            with pytest.raises(MailNotSent) as refused:
+                run_batch(journal, f"{job_id}-reject-{keep}", rejected, steps)
+            whole = keep == len(REJECTION)
+            assert isinstance(refused.value, MailRejected) == whole, keep
+            assert isinstance(refused.value, airflow_fail_exception()) == whole, keep
+    assert_each_mail_once(mail_servers, job_id, len(cuts))
