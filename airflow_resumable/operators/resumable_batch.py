@@ -237,12 +237,13 @@ class ResumableBatchOperator(BaseOperator):
         # Set by on_kill; made here, not in __init__: Airflow may deep-copy the operator before it runs.
         self._stop = threading.Event()
         store = context.get("task_state_store")
-        started_before = store is not None and store.get(STARTED_STORE_KEY) is not None
-        if store is not None:
+        started = store.get(STARTED_STORE_KEY) if store is not None else None
+        if store is not None and started is None:
+            # The first try to start after the store was empty keeps its number: only a mark written by
+            # try 1 proves that no earlier try ran under a state Airflow has since dropped.
             store_forever(store, STARTED_STORE_KEY, {"try": context["ti"].try_number, "host": hostname})
         with self._open_journal() as journal:
-            self._guard_worker(context, journal, job_id, hostname, started_before=started_before,
-                               continued_in=continued_in)
+            self._guard_worker(context, journal, job_id, hostname, started=started, continued_in=continued_in)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
             self._last_progress: BatchProgress | None = None
             try:
@@ -279,14 +280,15 @@ class ResumableBatchOperator(BaseOperator):
         return summary
 
     def _guard_worker(
-        self, context: Context, journal: StepJournal, job_id: str, hostname: str, *, started_before: bool,
+        self, context: Context, journal: StepJournal, job_id: str, hostname: str, *, started: object,
         continued_in: str | None = None,
     ) -> None:
         """Refuse to run a job whose journal is not this one (it would re-send everything).
 
         A worker-local journal: a retry on another worker is refused. A shared journal: any worker
         resumes; a try configured with a *different* journal than the one that holds the job is
-        refused all the same. ``started_before``: an earlier try left its start in the task state store.
+        refused all the same. ``started``: the start mark an earlier try left in the task state store
+        (the first try that wrote it into an empty store), or None.
         A later pass (``batch_task_id``) is refused, whatever its try, on a journal other than the one
         the batch task recorded (``continued_in``) or one that never saw the job.
         """
@@ -314,9 +316,11 @@ class ResumableBatchOperator(BaseOperator):
                 f"on {hostname!r} " + ("is not the one that task used" if continued_in not in (None, journal.journal_id)
                                        else "has never seen that job")
             )
-        elif started_before:
-            # An earlier try started (it says so) and recorded no journal: it never got past this guard,
-            # and every try records its journal before its first send. Nothing was sent anywhere.
+        elif isinstance(started, dict) and started.get("try") == 1:
+            # Try 1 started (it says so) and no try recorded a journal: none got past this guard, and
+            # every try records its journal before its first send. Nothing was sent anywhere. A mark
+            # of a later try proves nothing: Airflow may have dropped the state of a try that sent
+            # ([state_store] clear_on_success) before it was written.
             danger = None
         elif not shared and ti.try_number > 1 and not journal.has_job(job_id):
             # Nothing in the store: Airflow < 3.3, or Airflow dropped this task's state ([state_store]
@@ -329,7 +333,7 @@ class ResumableBatchOperator(BaseOperator):
         else:
             danger = None
         if danger and not self.start_afresh:
-            if store is not None and not started_before:
+            if store is not None and started is None:
                 store.delete(STARTED_STORE_KEY)  # this try never got past the guard either: it says nothing
             advice = (
                 "Point journal_conn_id (or [resumable] journal_conn_id) back at the journal that holds the job"

@@ -241,6 +241,31 @@ def test_a_clear_on_another_worker_is_refused_after_airflow_dropped_the_tasks_st
     assert receiver(airflow).counts() == before
 
 
+def test_a_try_that_failed_before_the_guard_after_the_state_was_dropped_exempts_no_later_try(airflow):
+    """Try 1 succeeds and [state_store] clear_on_success drops its record. The Clear lands on another
+    worker, whose journal cannot be opened: try 2 and its retry fail before the guard, each leaving
+    its start in the store. Once the journal opens, the next Clear is refused all the same: a start
+    written after the state was dropped proves nothing about the try that sent every item."""
+    airflow.env["AIRFLOW__STATE_STORE__CLEAR_ON_SUCCESS"] = "True"
+    assert airflow.dags_test("article_verify").returncode == 0, output(airflow)
+    run_id = airflow.last_run_id("article_verify")
+    before = receiver(airflow).counts()
+    assert sorted(before) == ALL_ITEMS
+    folder = airflow.journal.parent
+    folder.rename(folder.with_name("first-worker"))  # this worker: no journal
+    folder.write_text("")  # a file where the journal's folder goes: the journal cannot be opened
+    assert airflow.run("tasks", "clear", "article_verify", "-t", "send", "-y").returncode == 0, output(airflow)
+    assert airflow.rerun("article_verify", run_id).returncode != 0
+    assert "cannot open the journal" in output(airflow) and receiver(airflow).counts() == before
+    assert airflow.task_states("article_verify") == {("send", -1): ("failed", 3)}
+    folder.unlink()  # the disk is mended
+    assert airflow.run("tasks", "clear", "article_verify", "-t", "send", "-y").returncode == 0, output(airflow)
+    assert airflow.rerun("article_verify", run_id).returncode != 0
+    log = output(airflow)
+    assert "has never seen this job" in log and "Nothing was sent" in log and "start_afresh" in log
+    assert receiver(airflow).counts() == before
+
+
 def test_wrong_worker_opt_in_starts_afresh(airflow):
     arm(airflow, "item-011", "lose_journal")
     assert airflow.dags_test("article_wrong_worker_afresh").returncode == 0, output(airflow)
