@@ -55,6 +55,15 @@ def execute(
         conn.close()
 
 
+def columns(location: str | Path, table: str, schema: str = "resumable") -> list[str]:
+    """The names of ``table``'s columns, in order."""
+    if is_postgres(location):
+        return [r[0] for r in execute(location, "SELECT column_name FROM information_schema.columns WHERE "
+                                                "table_schema = ? AND table_name = ? ORDER BY ordinal_position",
+                                      (schema, table), schema)]
+    return [r[1] for r in execute(location, f'PRAGMA table_info("{table}")')]
+
+
 def counts_and_recount(location: str | Path) -> tuple[dict[str, tuple[int, ...]], dict[str, tuple[int, ...]]]:
     """Every job's counts as the journal keeps them (jobs row), and as counted from its step rows now.
 

@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     resolve_input.add_argument("--expected-version", help=EXPECTED_VERSION_HELP)
     audit = add("audit", help="the resolution audit log of a job")
     audit.add_argument("job_id")
+    add_paging_options(audit)
     prune = add("prune", help="forget finished jobs older than a cut-off")
     prune.add_argument("--older-than", type=_duration, required=True, help=DURATION_HELP)
     compact = add("compact", help="keep the finished items of jobs not run for a while as one row each (the "

@@ -13,11 +13,10 @@ import functools
 import getpass
 import json
 import sys
-from dataclasses import asdict
 from typing import Any
 
-from airflow_resumable.cli.output import emit, plain, printable, write_csv, write_json_list
-from airflow_resumable.cli.paging import each, listing, say_more
+from airflow_resumable.cli.output import emit, fields_of, plain, printable, write_csv, write_json_list
+from airflow_resumable.cli.paging import each, print_listing
 from airflow_resumable.exceptions import JournalError
 from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, is_postgres_url, migrate
 
@@ -86,30 +85,27 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
     """Run the sub-command ``args`` names against ``journal``, writing what it prints to ``out``."""
     who = getattr(args, "resolved_by", None) or getpass.getuser()
     if args.command == "jobs":
-        page = listing(functools.partial(journal.jobs, status=args.status, dag_id=args.dag_id), args)
-        jobs = [{**asdict(j), "status": j.status, **j.counts, "held": j.held, "unresolved": j.unresolved}
-                for j in page]
-        emit(out, args.json, jobs, ["job_id", "status", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held",
-                                    "unresolved", "updated_at"])
-        say_more(out, page)
+        print_listing(out, args, functools.partial(journal.jobs, status=args.status, dag_id=args.dag_id),
+                      ["job_id", "status", "items", "SUCCEEDED", "IN_FLIGHT", "FAILED", "held", "unresolved",
+                       "updated_at"],
+                      shape=lambda j: {**fields_of(j), "status": j.status, **j.counts, "held": j.held,
+                                       "unresolved": j.unresolved})
     elif args.command == "show":
         if journal.job(args.job_id) is None:
             raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
         if args.held and args.item is None:  # through the held steps (their cursor), not every row
-            page = listing(functools.partial(journal.held_rows, args.job_id), args)
+            read = functools.partial(journal.held_rows, args.job_id)
         else:  # one item's rows are few: its held ones are picked here
-            page = listing(functools.partial(journal.rows, args.job_id, args.item, status=args.status), args)
-        rows = [{**asdict(r), "idempotency_key": r.key_to_ask}
-                for r in page
-                if (args.status is None or r.status == args.status) and (not args.held or r.held_reason)]
-        emit(out, args.json, rows, ["item_id", "step", "status", "held_reason", "attempts", "error_type", "receipt",
-                                    "version", "idempotency_key", "updated_at"])
-        say_more(out, page)
+            read = functools.partial(journal.rows, args.job_id, args.item, status=args.status)
+        print_listing(out, args, read, ["item_id", "step", "status", "held_reason", "attempts", "error_type",
+                                        "receipt", "version", "idempotency_key", "updated_at"],
+                      shape=lambda r: {**fields_of(r), "idempotency_key": r.key_to_ask},
+                      keep=lambda r: (args.status is None or r.status == args.status)
+                      and (not args.held or bool(r.held_reason)))
     elif args.command == "held":
-        page = listing(functools.partial(journal.held, args.job_id), args)
-        held = [{**asdict(h), "idempotency_key": h.key_to_ask} for h in page]
-        emit(out, args.json, held, ["job_id", "item_id", "step", "reason", "version", "idempotency_key"])
-        say_more(out, page)
+        print_listing(out, args, functools.partial(journal.held, args.job_id),
+                      ["job_id", "item_id", "step", "reason", "version", "idempotency_key"],
+                      shape=lambda h: {**fields_of(h), "idempotency_key": h.key_to_ask})
     elif args.command == "resolve" and args.file:
         resolutions = journal.apply_decisions(args.entries, resolved_by=who)
         emit(out, args.json, resolutions, RESOLUTION_COLUMNS)
@@ -124,8 +120,8 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
             expected_version=args.expected_version)
         emit(out, args.json, resolution, RESOLUTION_COLUMNS)
     elif args.command == "audit":
-        emit(out, args.json, journal.resolutions(args.job_id),
-             ["id", "item_id", "step", "decision", "receipt", "resolved_by", "resolved_at", "note"])
+        print_listing(out, args, functools.partial(journal.resolutions, args.job_id),
+                      ["id", "item_id", "step", "decision", "receipt", "resolved_by", "resolved_at", "note"])
     elif args.command == "prune":
         pruned = journal.prune(args.older_than)
         if args.json:

@@ -11,9 +11,9 @@ import csv
 import itertools
 import json
 import unicodedata
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import fields, is_dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from enum import Enum
 from typing import Any
 
@@ -27,21 +27,26 @@ FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 _UNSAFE_CATEGORIES = ("Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp")
 
 
-def plain(value: Any, time: Callable[[datetime], str] = datetime.isoformat) -> Any:
-    """JSON-ready data; ``time`` writes datetimes (ISO 8601 UTC for JSON, local and relative for tables).
+# Values JSON writes as they are: most of a record's fields, checked first.
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def plain(value: Any) -> Any:
+    """JSON-ready data: records and enums as their fields and values, datetimes in ISO 8601 (UTC).
 
     :param value: a journal record (a dataclass), or dicts, lists and tuples of them.
-    :param time: how a datetime is written.
     """
+    if type(value) in _SCALARS:
+        return value
     if is_dataclass(value) and not isinstance(value, type):
         # Field by field, not asdict(): its deep copy is most of what a million-row export costs.
-        return {f.name: plain(getattr(value, f.name), time) for f in fields(value)}
+        return {f.name: plain(getattr(value, f.name)) for f in fields(value)}
     if isinstance(value, dict):
-        return {k: plain(v, time) for k, v in value.items()}
+        return {k: plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [plain(v, time) for v in value]
+        return [plain(v) for v in value]
     if isinstance(value, datetime):
-        return time(value)
+        return value.isoformat()
     if isinstance(value, Enum):
         return value.value
     return value
@@ -69,15 +74,66 @@ def csv_cell(value: Any) -> Any:
     return value
 
 
-def table(rows: list[dict[str, Any]], columns: Sequence[str]) -> str:
-    """``rows`` as aligned text under upper-case ``columns`` headers; ``(none)`` when there are none."""
-    if not rows:
-        return "(none)"
-    cells = [[printable(str("" if row.get(c) is None else row.get(c))) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True))]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
-    return "\n".join(lines)
+# A table is sized and written this many rows at a time: a listing of millions stays one chunk in memory.
+TABLE_CHUNK = 1000
+
+
+def fields_of(record: Any) -> dict[str, Any]:
+    """A record's fields as a dict, its values as they are (``asdict`` deep-copies every value: most of
+    what a listing of a million rows would cost)."""
+    return {f.name: getattr(record, f.name) for f in fields(record)}
+
+
+class _Times:
+    """The times one table shows: "3 hours ago" from one moment for every row, and each second
+    formatted once (rows written in the same second are many; formatting is most of a row's cost)."""
+
+    def __init__(self) -> None:
+        self.now = datetime.now(timezone.utc)
+        self.shown: dict[datetime, str] = {}
+
+    def __call__(self, value: datetime) -> str:
+        second = value.replace(microsecond=0)  # what the table shows of it
+        text = self.shown.get(second)
+        if text is None:
+            if len(self.shown) >= TABLE_CHUNK:
+                self.shown.clear()
+            text = self.shown[second] = printable(when(second, self.now))
+        return text
+
+
+def _cell(column: str, value: Any, times: _Times) -> str:
+    """What a table shows of a value: times in Airflow's [core] default_timezone with "3 hours ago"
+    (only the shown columns' are formatted), versions short."""
+    if value is None:
+        return ""
+    if isinstance(value, datetime):
+        return times(value)
+    if column == "version":
+        return printable(short_version(value))
+    return printable(str(plain(value)))
+
+
+def write_table(out: Any, records: Iterable[Any], columns: Sequence[str]) -> None:
+    """``records`` as aligned text under upper-case ``columns`` headers (``(none)`` when there are none),
+    read and written :data:`TABLE_CHUNK` at a time. Each column is as wide as the widest cell seen so
+    far: the first chunk sizes the header, a wider cell later widens the column from there on."""
+    records, times = iter(records), _Times()
+    widths: list[int] | None = None
+    while chunk := list(itertools.islice(records, TABLE_CHUNK)):
+        cells = [[_cell(c, row.get(c), times) for c in columns]
+                 for row in (r if isinstance(r, dict) else fields_of(r) for r in chunk)]
+        del chunk
+        if widths is None:
+            widths = [len(c) for c in columns]
+            widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
+            out.write("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)) + "\n")
+        else:
+            widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
+        out.write("".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "\n"
+                          for r in cells))
+    if widths is None:
+        out.write("(none)\n")
 
 
 def emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
@@ -90,11 +146,16 @@ def emit(out: Any, as_json: bool, data: Any, columns: Sequence[str]) -> None:
     """
     if as_json:
         out.write(json.dumps(plain(data), indent=2) + "\n")
-    else:  # times in Airflow's [core] default_timezone, with "3 hours ago"; versions short
-        shown = plain(data, time=when)
-        rows = [{**r, "version": short_version(r["version"])} if r.get("version") else r
-                for r in (shown if isinstance(shown, list) else [shown])]
-        out.write(table(rows, columns) + "\n")
+    else:
+        write_table(out, data if isinstance(data, list) else [data], columns)
+
+
+def stream(out: Any, as_json: bool, records: Iterable[Any], columns: Sequence[str]) -> None:
+    """:func:`emit` for a listing of any length: the same text, written as the records come."""
+    if as_json:
+        write_json_list(out, map(plain, records))
+    else:
+        write_table(out, records, columns)
 
 
 def write_json_list(out: Any, records: Iterable[Any]) -> None:
@@ -105,6 +166,7 @@ def write_json_list(out: Any, records: Iterable[Any]) -> None:
         out.write(("[\n  " if first else ",\n  ") + json.dumps(record, indent=2).replace("\n", "\n  "))
         first = False
     out.write("[]\n" if first else "\n]\n")
+
 
 
 def write_csv(out: Any, records: Iterable[dict[str, Any]]) -> None:

@@ -1,17 +1,19 @@
 """Journals grow to millions of rows, so no command reads an unbounded list.
 
-``jobs``, ``held`` and ``show`` read one page (``--limit``, default :data:`PAGE_SIZE`) and, when there
-is more, say on stderr which ``--cursor`` goes on from there; ``--all`` and ``export`` read every page,
-:data:`FETCH_SIZE` at a time, so memory stays that of one page.
+``jobs``, ``held``, ``show`` and ``audit`` read one page (``--limit``, default :data:`PAGE_SIZE`) and,
+when there is more, say on stderr which ``--cursor`` goes on from there; ``--all`` and ``export`` read
+every page, :data:`FETCH_SIZE` at a time, and write each record as it comes, so memory stays that of
+one page however many there are.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from airflow_resumable.cli.output import emit, stream
 from airflow_resumable.journal import Page
 from airflow_resumable.journal.records import MAX_PAGE
 
@@ -40,16 +42,24 @@ def add_paging_options(parser: argparse.ArgumentParser) -> None:
                                          "same filters)")
 
 
-def listing(read: Callable[..., Page[Any]], args: argparse.Namespace) -> Page[Any]:
-    """What the paging options ask for: one page (``--limit``, default :data:`PAGE_SIZE`) from
-    ``--cursor``, or with ``--all`` every page from there on.
+def print_listing(
+    out: Any, args: argparse.Namespace, read: Callable[..., Page[Any]], columns: Sequence[str],
+    shape: Callable[[Any], Any] = lambda record: record, keep: Callable[[Any], bool] = lambda record: True,
+) -> None:
+    """What the paging options ask for, as JSON (``--json``) or a table of ``columns``: one page
+    (``--limit``, default :data:`PAGE_SIZE`) from ``--cursor`` and where the next one starts, or with
+    ``--all`` every page from there on, each record written as it comes.
 
     :param read: a journal listing (``jobs``, ``rows``, ``held``, ...) with its filters bound.
-    :param args: the parsed command line.
+    :param shape: what is printed of a record.
+    :param keep: which records are printed.
     """
-    if not args.all:
-        return read(limit=args.limit or PAGE_SIZE, cursor=args.cursor)
-    return Page(each(read, args.cursor))
+    if args.all:
+        stream(out, args.json, (shape(r) for r in each(read, args.cursor) if keep(r)), columns)
+        return
+    page = read(limit=args.limit or PAGE_SIZE, cursor=args.cursor)
+    emit(out, args.json, [shape(r) for r in page if keep(r)], columns)
+    say_more(out, page)
 
 
 def each(read: Callable[..., Page[Any]], cursor: str | None = None) -> Iterator[Any]:

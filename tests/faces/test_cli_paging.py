@@ -7,7 +7,10 @@ import csv
 import gc
 import io
 import json
+import os
 import re
+import subprocess
+import sys
 import tracemalloc
 
 import pytest
@@ -15,6 +18,7 @@ import pytest
 from airflow_resumable import cli as cli_module
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
+from tests import backends
 from tests.backends import snapshot
 from tests.faces.test_cli import cli, two_holds
 
@@ -124,7 +128,7 @@ READ_LISTINGS = [
     ["jobs"], ["jobs", "--all"], ["jobs", "--status", "completed"], ["held"], ["held", "j", "--all"],
     ["show", "j"], ["show", "j", "--all"], ["show", "j", "--held"], ["show", "j", "--held", "--all"],
     ["show", "j", "--item", "b", "--held"], ["show", "j", "--status", "FAILED", "--all"],
-    ["export", "j"], ["export", "j", "--format", "csv"],
+    ["export", "j"], ["export", "j", "--format", "csv"], ["audit", "j"], ["audit", "j", "--all"],
 ]
 
 
@@ -132,7 +136,7 @@ READ_LISTINGS = [
 def test_no_listing_command_reads_an_unbounded_list(sqlite_fleet, monkeypatch, command):
     """Every read of a list the CLI makes carries a limit: a page, or --all and export a page at a time."""
     limits: list[int | None] = []
-    for name in ("jobs", "held", "held_rows", "rows"):  # every listing the journal has
+    for name in ("jobs", "held", "held_rows", "rows", "resolutions"):  # every listing the journal has
         real = getattr(StepJournal, name)
 
         def observed(self, *args, _real=real, **kwargs):
@@ -253,3 +257,83 @@ def test_exports_memory_stays_that_of_a_page_however_big_the_job(tmp_path, form)
     assert large_size > 4 * small_size  # five times the rows written ...
     # ... in the same memory: one page's worth (read whole, the large job took five times as much).
     assert large_peak < 2 * small_peak, (small_peak, large_peak)
+
+
+# -- --all streams --------------------------------------------------------------------------------------
+
+# The CLI in a process of its own, which reports its peak resident memory (VmHWM) on its last stderr line.
+MEASURED_CLI = """
+import sys
+from airflow_resumable.cli import main
+try:
+    code = main(sys.argv[1:])
+finally:
+    sys.stderr.write([line for line in open("/proc/self/status") if line.startswith("VmHWM:")][0])
+sys.exit(code)
+"""
+
+
+def many_rows(location, job_id: str, items: int) -> None:
+    """Job ``job_id`` with ``items`` rows of one step, and as many audit rows, written in SQL at once:
+    ten items through the runner, their rows copied, then one audit row per item."""
+    with StepJournal(location, durability="normal") as journal:
+        run_batch(journal, job_id, [{"id": f"seed-{i}"} for i in range(10)], [Step("fetch", lambda i, c: {"n": 1})])
+    columns = [c for c in backends.columns(location, "steps")]
+    copied = ", ".join("item_id || '~' || CAST(k AS TEXT)" if c == "item_id" else c for c in columns)
+    numbers = ("generate_series(1, ?) AS n(k)" if backends.is_postgres(location)
+               else "(WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < ?) SELECT k FROM n)")
+    backends.execute(location, f"INSERT INTO steps ({', '.join(columns)}) SELECT {copied} FROM steps, {numbers} "
+                               "WHERE job_id = ?", (items // 10 - 1, job_id))
+    backends.execute(location, "INSERT INTO resolutions (job_id, item_id, step, decision, receipt, note, resolved_by, "
+                               "resolved_at, previous_status, previous_held_reason) "
+                               f"SELECT ?, 'item-' || CAST(k AS TEXT), 'fetch', 'delivered', 'receipt-' || CAST(k AS TEXT), "
+                               f"'found on the receiver', 'on-call', 1e9, 'FAILED', 'unknown_outcome' FROM {numbers}",
+                     (job_id, items))
+
+
+def long_listings(location: str) -> str:
+    """Jobs 'small' (5,000 rows, 5,000 audit rows) and 'large' (50,000 and 50,000) in the journal at ``location``."""
+    many_rows(location, "small", 5_000)
+    many_rows(location, "large", 50_000)
+    return location
+
+
+@pytest.fixture(scope="module")
+def long_sqlite(tmp_path_factory) -> str:
+    return long_listings(str(tmp_path_factory.mktemp("long-listings") / "journal.sqlite3"))
+
+
+@pytest.fixture(scope="module")
+def long_postgres(postgres) -> str:
+    return long_listings(postgres.new_database())
+
+
+# Every form on SQLite; on PostgreSQL (whose driver reads a page whole, as SQLite's does) one per listing.
+@pytest.mark.parametrize(("journal", "command"), [
+    ("long_sqlite", "show --json"), ("long_sqlite", "show"), ("long_sqlite", "audit --json"), ("long_sqlite", "audit"),
+    ("long_postgres", "show --json"), ("long_postgres", "audit"),
+])
+def test_a_listing_of_every_row_streams_in_the_memory_of_a_page(request, tmp_path, journal, command):
+    """``--all`` over 50,000 rows peaks within 8 MiB of the same listing over 5,000 (the child's own
+    VmHWM): every row is written as it comes, a table sized a chunk at a time."""
+    location = request.getfixturevalue(journal)
+    name, *options = command.split()
+    # Both settings given, so the CLI does not import Airflow to read them (seconds a listing).
+    env = {**os.environ, "AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM": "false",
+           "AIRFLOW__CORE__DEFAULT_TIMEZONE": "utc"}
+
+    def peak(job_id: str, rows: int) -> int:
+        out = tmp_path / f"{job_id}.out"
+        with out.open("w") as stdout:
+            shown = subprocess.run([sys.executable, "-c", MEASURED_CLI, "--journal", location, name, job_id,
+                                    "--all", *options], stdout=stdout, stderr=subprocess.PIPE, text=True, timeout=300,
+                                   env=env)
+        assert shown.returncode == 0, shown.stderr
+        if options:
+            assert len(json.loads(out.read_text())) == rows
+        else:
+            assert sum(1 for _ in out.open()) == 1 + rows  # the header, a line a row
+        return int(shown.stderr.splitlines()[-1].split()[1]) * 1024
+
+    small, large = peak("small", 5_000), peak("large", 50_000)
+    assert large - small <= 8 * 2**20, (small, large)
