@@ -12,15 +12,18 @@ by the location. Nothing above this seam knows which one it talks to.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
+from airflow_resumable.exceptions import JobBusyError
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.statements import Statement
 
 __all__ = [
-    "BRIEF_HOLDERS", "COMPACTION_RUNNER", "DURABILITIES", "Claim", "Durability", "EngineBase", "JournalBackend",
-    "ReceiptLog", "Statement", "Tx", "checked_durability",
+    "BRIEF_HOLDERS", "BRIEF_HOLDER_DOING", "BRIEF_WAIT_SECONDS", "COMPACTION_RUNNER", "DURABILITIES", "Claim",
+    "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Statement", "Tx", "checked_durability",
+    "claim_after_brief_holders",
 ]
 
 Durability = Literal["full", "normal"]
@@ -34,9 +37,28 @@ def checked_durability(value: object, setting: str = "durability") -> Durability
             return durability
     raise ValueError(f"{setting} must be 'full' or 'normal', not {value!r}")
 
-# Who holds a job only for one short transaction: a runner finding them waits instead of failing.
+# Who holds a job only for one short transaction: a runner or a decision finding them waits instead of failing.
 FOLD_RUNNER, RESOLUTION_RUNNER, COMPACTION_RUNNER = "receipt log fold", "resolution", "compaction"
 BRIEF_HOLDERS = (FOLD_RUNNER, RESOLUTION_RUNNER, COMPACTION_RUNNER)
+# What a brief holder is doing to the job, for a refusal that names it.
+BRIEF_HOLDER_DOING = {FOLD_RUNNER: "having its receipt log folded", RESOLUTION_RUNNER: "being decided about",
+                      COMPACTION_RUNNER: "being compacted"}
+# How long a run or a decision waits out brief holders of the job before it gives up.
+BRIEF_WAIT_SECONDS = 5.0
+
+
+def claim_after_brief_holders(engine: JournalBackend, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
+    """The job's claim, once any brief holder (a resolution, a receipt-log fold, a compaction batch) has
+    let go, waiting up to :data:`BRIEF_WAIT_SECONDS` in all. A run holding the job, or a brief holder
+    still there after the wait: :class:`JobBusyError`, naming it (``runner``)."""
+    deadline = time.monotonic() + BRIEF_WAIT_SECONDS
+    while True:
+        try:
+            return engine.claim(job_id, runner=runner, brief=brief)
+        except JobBusyError as exc:
+            if exc.runner not in BRIEF_HOLDERS or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.01)
 
 
 class Tx(Protocol):

@@ -10,7 +10,13 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import RESOLUTION_RUNNER, JournalBackend, Tx
+from airflow_resumable.journal.backend import (
+    BRIEF_HOLDER_DOING,
+    RESOLUTION_RUNNER,
+    JournalBackend,
+    Tx,
+    claim_after_brief_holders,
+)
 from airflow_resumable.journal.checks import (
     check_entry,
     check_names,
@@ -263,12 +269,18 @@ class JournalDecisions:
             yield
             return
         try:
-            claim = self.engine.claim(job_id, runner=RESOLUTION_RUNNER, brief=True)
+            # A compaction batch, a receipt-log fold or another decision holds the job for a moment:
+            # waited out, as a run waits. A run holds it until it ends.
+            claim = claim_after_brief_holders(self.engine, job_id, runner=RESOLUTION_RUNNER, brief=True)
         except JobBusyError as exc:
-            raise JobBusyError(
-                f"job {job_id!r} is running right now ({exc.holder}); nothing was changed. Resolve "
-                "its held items after the run ends.", holder=exc.holder, runner=exc.runner,
-            ) from None
+            doing = BRIEF_HOLDER_DOING.get(exc.runner or "")
+            if doing is None:
+                said = f"is running right now ({exc.holder}); nothing was changed. Resolve its held items after " \
+                       "the run ends."
+            else:
+                said = f"is {doing} right now ({exc.holder}), still after a wait; nothing was changed. Try again " \
+                       "in a minute."
+            raise JobBusyError(f"job {job_id!r} {said}", holder=exc.holder, runner=exc.runner) from None
         self._deciding.add(job_id)
         try:
             self.engine.recover(job_id)

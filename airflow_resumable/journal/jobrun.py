@@ -9,15 +9,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import BRIEF_HOLDERS, Claim, JournalBackend, Statement
+from airflow_resumable.journal.backend import Claim, JournalBackend, Statement, claim_after_brief_holders
 from airflow_resumable.journal.compaction import expand_item
-from airflow_resumable.journal.errors import JobBusyError, JobPrunedError
+from airflow_resumable.journal.errors import JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
 
 # Rows looked up per query when the runner resumes (well under every engine's parameter limit).
 LOOKUP_CHUNK = 500
-# How long a runner waits out a brief holder of its job (a resolution, a receipt-log fold, compaction).
-FOLD_WAIT_SECONDS = 5.0
 # Step sets a run's question about compacted items names at most (one parameter each).
 MAX_COVERING_SETS = 500
 
@@ -92,16 +90,10 @@ class JobRun:
 
     @staticmethod
     def _take_claim(engine: JournalBackend, job_id: str, runner: str | None) -> Claim:
-        # Another process may hold the job for a moment to fold its receipt log or to resolve one
-        # of its items: wait that out rather than fail the try. A running runner fails us at once.
-        deadline = time.monotonic() + FOLD_WAIT_SECONDS
-        while True:
-            try:
-                return engine.claim(job_id, runner=runner)
-            except JobBusyError as exc:
-                if exc.runner not in BRIEF_HOLDERS or time.monotonic() >= deadline:
-                    raise
-                time.sleep(0.01)
+        # Another process may hold the job for a moment to fold its receipt log, to resolve one of
+        # its items or to compact a batch: wait that out rather than fail the try. A running runner
+        # fails us at once.
+        return claim_after_brief_holders(engine, job_id, runner=runner)
 
     # -- lookups --------------------------------------------------------------------------------
 

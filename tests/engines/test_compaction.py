@@ -551,3 +551,65 @@ def test_postgres_a_prune_stopped_before_it_forgot_or_dropped_is_finished_by_the
         assert journal.prune(timedelta(days=365)) == ([JOB] if stopped_at == "forgetting" else [])
         assert journal.job(JOB).items == 0 and all_rows(journal) == [] and partitions(journal_location) == []
     backends.assert_counts_exact(journal_location)
+
+
+# -- a decision meets a compaction batch -------------------------------------------------------------
+
+# Holds the job's claim as a compaction batch does, in a process of its own, until its stdin closes.
+HOLD_AS_COMPACTION = """
+import sys
+from airflow_resumable.journal import StepJournal
+from airflow_resumable.journal.backend import COMPACTION_RUNNER
+
+with StepJournal(sys.argv[1]) as journal:
+    claim = journal.engine.claim(sys.argv[2], runner=COMPACTION_RUNNER, brief=True)
+    print("held", flush=True)
+    sys.stdin.read()
+    claim.release()
+"""
+
+
+@contextlib.contextmanager
+def compacting(location, job_id: str):
+    """Another process holds ``job_id`` as a compaction batch; the block's value lets it go."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AS_COMPACTION, str(location), job_id],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder.stdin.close
+    finally:
+        holder.stdin.close()
+        assert holder.wait(60) == 0
+
+
+def test_a_decision_waits_out_a_compaction_batch(journal_location):
+    """A person decides while a compaction batch holds the job: the decision waits until it lets go
+    (as a run does), then applies."""
+    from tests.scenario import held_job
+
+    held_job(journal_location, JOB)
+    with compacting(journal_location, JOB) as let_go, StepJournal(journal_location) as journal:
+        threading.Timer(0.5, let_go).start()
+        journal.resolve(JOB, "a", "send", delivered=True, receipt="r-1", resolved_by="on-call")
+        assert [(r.status, r.receipt) for r in journal.rows(JOB)] == [(Status.SUCCEEDED, "r-1")]
+
+
+def test_a_decision_refused_by_a_long_compaction_names_the_compaction(journal_location, monkeypatch):
+    """A compaction batch that holds the job past the wait: the refusal names the compaction (never a
+    run that is not there) and nothing changes; once it let go, the same decision applies."""
+    from airflow_resumable.journal import JobBusyError, backend
+    from tests.scenario import held_job
+
+    held_job(journal_location, JOB)
+    monkeypatch.setattr(backend, "BRIEF_WAIT_SECONDS", 0.3)
+    with StepJournal(journal_location) as journal:
+        before = backends.snapshot(journal_location)
+        with compacting(journal_location, JOB):
+            with pytest.raises(JobBusyError) as busy:
+                journal.resolve(JOB, "a", "send", delivered=False, resolved_by="on-call")
+            said = str(busy.value)
+            assert "being compacted right now" in said and "running" not in said and "nothing was changed" in said
+            assert busy.value.runner == "compaction"
+            assert backends.snapshot(journal_location) == before
+        journal.resolve(JOB, "a", "send", delivered=False, resolved_by="on-call")
+        assert journal.held(JOB) == []
