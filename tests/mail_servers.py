@@ -348,7 +348,7 @@ class Armed:
     fault: Fault
     rcpt: str  # "*": any message
     pause: bool = False
-    stage: bytes = b"."  # REPLY_CUT / REPLY_FORGED: b"MAIL", b"RCPT", b"DATA" or b"." (the marker)
+    stage: bytes = b"."  # REPLY_CUT / REPLY_FORGED: b"greeting", b"EHLO", b"MAIL", b"RCPT", b"DATA", b"." (the marker)
     keep: int = 0  # REPLY_CUT: how many bytes of the reply reach the client
     answer: bytes = b""  # REPLY_FORGED: what the client reads instead
     forward: bool = True  # REPLY_FORGED: whether the server sees the command
@@ -426,13 +426,18 @@ class FaultProxy:
 
     def arm(self, fault: Fault | str, rcpt: str, *, pause: bool = False, stage: str = ".", keep: int = 0,
             answer: bytes = b"", forward: bool = True) -> Armed:
-        """Fire ``fault`` on the first message to ``rcpt`` ("*": any; only "*" can fire at MAIL)."""
-        if stage not in ("MAIL", "RCPT", "DATA", "."):
+        """Fire ``fault`` on the first message to ``rcpt`` ("*": any; only "*" can fire before RCPT)."""
+        if stage not in ("greeting", "EHLO", "MAIL", "RCPT", "DATA", "."):
             raise ValueError(f"no such stage {stage!r}")
         armed = Armed(Fault(fault), rcpt.lower(), pause, stage.encode(), keep, answer, forward)
         with self._lock:
             self._armed.append(armed)
         return armed
+
+    def disarm(self) -> None:
+        """Forget the faults that did not fire."""
+        with self._lock:
+            self._armed.clear()
 
     def _take(self, rcpts: list[str], stage: bytes = b".") -> Armed | None:
         with self._lock:
@@ -483,7 +488,11 @@ class FaultProxy:
             armed.released.wait(120)
 
     def _relay(self, client: _Side, server: _Side) -> None:
-        client.sock.sendall(server.reply())  # the greeting
+        greeting = server.reply()
+        armed = self._take([], b"greeting")
+        if armed:
+            self._answer(client, armed, greeting)
+        client.sock.sendall(greeting)
         rcpts: list[str] = []
         while True:
             command = client.line()
@@ -493,7 +502,7 @@ class FaultProxy:
             elif verb == b"RCPT":
                 found = re.search(rb"<([^>]*)>", command)
                 rcpts.append(found.group(1).decode("ascii", "replace").lower() if found else "")
-            armed = self._take(rcpts, verb) if verb in (b"MAIL", b"RCPT", b"DATA") else None
+            armed = self._take(rcpts, verb) if verb in (b"EHLO", b"MAIL", b"RCPT", b"DATA") else None
             if armed and not armed.forward:
                 self._answer(client, armed, b"")
             server.sock.sendall(command)
