@@ -13,8 +13,8 @@ PY := $(VENV)/bin/python
 AIRFLOW_MATRIX ?= 3.1.8 3.2.2
 PYTHON_MATRIX ?= 3.10 3.13
 # 3.2.2's own dependencies resolve to FastAPI/Pydantic releases that break its execution API; the
-# official constraints file is out of reach here, so pip (>= 26) picks what existed in May 2026.
-PIP_ARGS_3.2.2 = --uploaded-prior-to 2026-06-01T00:00:00Z
+# official constraints file is out of reach here, so the installer picks what existed in May 2026.
+INSTALL_ARGS_3.2.2 = --exclude-newer 2026-06-01T00:00:00Z
 AIRFLOW_LAYER_TESTS = $(addprefix tests/airflow_layer/,test_airflow_layer.py test_metrics_and_link.py \
 	test_sensor_journal.py test_review_operator.py) tests/faces/test_ui_plugin.py \
 	tests/outside_systems/test_smtp_receiver.py::TestWithoutServers tests/core/test_public_api.py \
@@ -30,10 +30,22 @@ CORE_TESTS = $(addprefix tests/core/,test_article_scenario.py test_bad_input.py 
 # A Python of that minor: pyenv's, else one on PATH.
 python_for = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) $(shell command -v python$(1)))
 
-$(VENV)/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet "apache-airflow==$(AIRFLOW_VERSION)" -e ".[airflow,http,postgres,test]"
+# uv (from PyPI) builds every environment: it resolves and installs Airflow in seconds where pip took a
+# minute of CPU. It uses the interpreters found here, never one it would download. --seed puts pip in
+# each environment too: the tests build wheels and install an older release with it.
+UV := .uv/bin/uv
+export UV_PYTHON_DOWNLOADS := never
+# A step of CI's budget: with CI_BUDGET set (.ci/run sets it), the command's wall time and CPU are added to it.
+timed = $(if $(CI_BUDGET),python3 .ci/timed.py $(CI_BUDGET) "$(1)" --,)
+
+$(UV):
+	$(PYTHON) -m venv .uv
+	.uv/bin/python -m pip install --quiet "uv>=0.9"
+
+$(VENV)/.installed: pyproject.toml Makefile | $(UV)
+	$(call timed,install .venv) $(UV) venv --quiet --seed --allow-existing --python $(PYTHON) $(VENV)
+	$(call timed,install .venv) $(UV) pip install --quiet --python $(PY) "apache-airflow==$(AIRFLOW_VERSION)" \
+		-e ".[airflow,http,postgres,test]"
 	touch $@
 
 # The suite's modules run side by side (pytest-xdist): most tests wait on Airflow, servers and child
@@ -43,28 +55,25 @@ $(VENV)/.installed: pyproject.toml Makefile
 TEST_JOBS ?= 4
 
 test: $(VENV)/.installed  ## run the whole test suite
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
+	$(call timed,make test: pytest) env RESUMABLE_CPU_LABEL=make-test \
+		$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder
 
 # The matrix builds its environments at once; an editable install writes the project's metadata into
 # the source tree, so those steps take turns (the downloads and the rest of each install do not).
 EDITABLE_LOCK = flock .editable-install.lock
 .PRECIOUS: .venv-airflow-%/.installed .venv-python-%/.installed
 
-.venv-airflow-%/.installed: pyproject.toml Makefile
-	$(PYTHON) -m venv .venv-airflow-$*
-	.venv-airflow-$*/bin/python -m pip install --quiet --upgrade "pip>=26"
-	.venv-airflow-$*/bin/python -m pip install --quiet $(PIP_ARGS_$*) "apache-airflow==$*" \
-		"pytest>=8" "hypothesis>=6.100" "statsd>=3.3"
-	$(EDITABLE_LOCK) .venv-airflow-$*/bin/python -m pip install --quiet $(PIP_ARGS_$*) "apache-airflow==$*" \
-		-e ".[airflow,http,postgres]"
+.venv-airflow-%/.installed: pyproject.toml Makefile | $(UV)
+	$(call timed,install airflow $*) $(UV) venv --quiet --seed --allow-existing --python $(PYTHON) .venv-airflow-$*
+	$(call timed,install airflow $*) $(EDITABLE_LOCK) $(UV) pip install --quiet --python .venv-airflow-$*/bin/python \
+		$(INSTALL_ARGS_$*) "apache-airflow==$*" "pytest>=8" "hypothesis>=6.100" "statsd>=3.3" -e ".[airflow,http,postgres]"
 	touch $@
 
-.venv-python-%/.installed: pyproject.toml Makefile
+.venv-python-%/.installed: pyproject.toml Makefile | $(UV)
 	@test -n "$(call python_for,$*)" || { echo "no Python $* found (pyenv or PATH)"; exit 1; }
-	$(call python_for,$*) -m venv .venv-python-$*
-	.venv-python-$*/bin/python -m pip install --quiet --upgrade pip
-	.venv-python-$*/bin/python -m pip install --quiet "pytest>=8" "hypothesis>=6.100"
-	$(EDITABLE_LOCK) .venv-python-$*/bin/python -m pip install --quiet -e ".[postgres]"
+	$(call timed,install python $*) $(UV) venv --quiet --seed --allow-existing --python $(call python_for,$*) .venv-python-$*
+	$(call timed,install python $*) $(EDITABLE_LOCK) $(UV) pip install --quiet --python .venv-python-$*/bin/python \
+		"pytest>=8" "hypothesis>=6.100" -e ".[postgres]"
 	touch $@
 
 # The cells run side by side (each in its own virtual environment, its servers on free ports): they
@@ -79,11 +88,13 @@ test-matrix:  ## the compatibility matrix, every cell at once
 # One cell alone while developing, e.g. `make cell-airflow-3.1.8` or `make cell-python-3.13`.
 cell-airflow-%: .venv-airflow-%/.installed
 	@echo "=== matrix cell: Airflow $*, Python $$(.venv-airflow-$*/bin/python -c 'import platform; print(platform.python_version())'): Airflow-layer, UI and metrics tests ==="
-	.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(AIRFLOW_LAYER_TESTS)
+	$(call timed,cell airflow $*: pytest) env RESUMABLE_CPU_LABEL=cell-airflow-$* \
+		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(AIRFLOW_LAYER_TESTS)
 
 cell-python-%: .venv-python-%/.installed
 	@echo "=== matrix cell: Python $$(.venv-python-$*/bin/python -c 'import platform; print(platform.python_version())'), no Airflow: core tests ==="
-	RESUMABLE_PROPERTY_EXAMPLES=60 .venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CORE_TESTS)
+	$(call timed,cell python $*: pytest) env RESUMABLE_PROPERTY_EXAMPLES=60 RESUMABLE_CPU_LABEL=cell-python-$* \
+		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CORE_TESTS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo
@@ -97,7 +108,7 @@ demo-email: $(VENV)/.installed  ## the same for e-mail, against real mail server
 
 # The bench extra (DBOS, for the peer figure) gets its own stamp so `make test` never needs it.
 $(VENV)/.bench-installed: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[bench]"
+	$(UV) pip install --quiet --python $(PY) -e ".[bench]"
 	touch $@
 
 bench: $(VENV)/.bench-installed  ## run every benchmark; prints figures, ratios and PASS/FAIL, updates README
@@ -109,4 +120,4 @@ bench-fleet: $(VENV)/.installed  ## the fleet run: sharded batch, worker killed,
 	$(PY) -m benchmarks.fleet
 
 clean:
-	rm -rf $(VENV) .venv-airflow-* .venv-python-* .editable-install.lock .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .uv .venv-airflow-* .venv-python-* .editable-install.lock .pytest_cache .mypy_cache .ruff_cache .hypothesis

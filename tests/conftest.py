@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from tests import cpu_report
 from tests.airflow_harness import Airflow, migrated_template
 from tests.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
 
@@ -85,9 +86,25 @@ def pytest_report_header(config):
     return "journal backends: SQLite and PostgreSQL (a throwaway cluster started by the tests)"
 
 
+_CPU = cpu_report.ModuleCpu()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Each test's CPU (setup, call and teardown: a module's servers stop in its last test's) to its module."""
+    started = cpu_report.started()
+    yield
+    _CPU.add(item.nodeid.split("::")[0], started)
+
+
 def pytest_sessionfinish(session, exitstatus):
+    extra = {}
     if _POSTGRES is not None and _POSTGRES.cluster is not None:
+        server = _POSTGRES.cluster.postmaster_cpu()
+        if server is not None:
+            extra["(the session's PostgreSQL server)"] = server
         _POSTGRES.cluster.destroy()
+    _CPU.write(extra)
 
 
 @pytest.fixture(scope="module")

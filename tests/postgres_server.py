@@ -94,6 +94,16 @@ class PostgresCluster:
     def new_database(self) -> str:
         return create_database(self.url())
 
+    def postmaster_cpu(self) -> list[float] | None:
+        """(user, system, 0) seconds the server has used so far: its postmaster and every backend it reaped."""
+        from tests.cpu_report import process_tree_cpu
+
+        try:
+            pid = int((self.data / "postmaster.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return process_tree_cpu(pid)
+
     def destroy(self) -> None:
         self.stop()
         shutil.rmtree(self.root, ignore_errors=True)
