@@ -96,7 +96,7 @@ def test_installed_wheel_lists_as_a_provider_and_runs_the_article_dag(dist, tmp_
     subprocess.run([*uv, "venv", "--quiet", "--python", sys.executable, str(venv)], check=True, timeout=120, env=uv_env)
     python, bin_dir = venv / "bin" / "python", venv / "bin"
     pip = subprocess.run(
-        [*uv, "pip", "install", "--quiet", "--python", str(python), f"{wheel}[http]",
+        [*uv, "pip", "install", "--quiet", "--compile-bytecode", "--python", str(python), f"{wheel}[http]",
          f"apache-airflow=={version('apache-airflow')}"],
         capture_output=True, text=True, timeout=900, env=uv_env,
     )

@@ -20,7 +20,7 @@ from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 from tests import backends
 from tests.backends import snapshot
-from tests.faces.test_cli import cli, two_holds
+from tests.faces.test_cli import SETTINGS_GIVEN, cli, two_holds
 
 MORE = re.compile(r"more: --cursor (\S+)  \(or --all\)")
 FINISHED_JOBS = [f"job-{n}" for n in range(5)]  # created in this order; jobs lists newest first
@@ -318,9 +318,7 @@ def test_a_listing_of_every_row_streams_in_the_memory_of_a_page(request, tmp_pat
     VmHWM): every row is written as it comes, a table sized a chunk at a time."""
     location = request.getfixturevalue(journal)
     name, *options = command.split()
-    # Both settings given, so the CLI does not import Airflow to read them (seconds a listing).
-    env = {**os.environ, "AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM": "false",
-           "AIRFLOW__CORE__DEFAULT_TIMEZONE": "utc"}
+    env = {**SETTINGS_GIVEN, **os.environ}  # the CLI need not import Airflow to read them
 
     def peak(job_id: str, rows: int) -> int:
         out = tmp_path / f"{job_id}.out"
