@@ -124,12 +124,10 @@ def write_table(out: Any, records: Iterable[Any], columns: Sequence[str]) -> Non
         cells = [[_cell(c, row.get(c), times) for c in columns]
                  for row in (r if isinstance(r, dict) else fields_of(r) for r in chunk)]
         del chunk
-        if widths is None:
-            widths = [len(c) for c in columns]
-            widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
+        first = widths is None
+        widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths or map(len, columns))]
+        if first:
             out.write("  ".join(c.upper().ljust(w) for c, w in zip(columns, widths, strict=True)) + "\n")
-        else:
-            widths = [max(w, *(len(r[i]) for r in cells)) for i, w in enumerate(widths)]
         out.write("".join("  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) + "\n"
                           for r in cells))
     if widths is None:

@@ -137,6 +137,11 @@ def _read_reply(client: smtplib.SMTP) -> tuple[int | None, bytes]:
             return int(code), found.group(3) or b""
 
 
+def _refusal(stage: str, code: int) -> MailNotSent:
+    """What a whole reply ``code`` that says "not taken" means: a 5xx for good, anything else for now."""
+    return MailRejected(stage, code) if 500 <= code < 600 else MailNotSent(stage, f"SMTP {code}")
+
+
 def _quoted(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -322,9 +327,7 @@ class SmtpReceiver:
             return
         if code is None:
             raise MailNotSent(stage, "a cut or malformed reply")
-        if 500 <= code < 600:
-            raise MailRejected(stage, code)
-        raise MailNotSent(stage, f"SMTP {code}")
+        raise _refusal(stage, code)
 
     def _transaction(self, client: smtplib.SMTP, sender: str, recipients: list[str], data: bytes) -> str:
         stage = "EHLO"
@@ -359,10 +362,8 @@ class SmtpReceiver:
         if code == 250:
             return f"{code} {text.decode('utf-8', 'replace')[:_MAX_REPLY]}"
         # Only a whole 4xx or 5xx line is the server's word that it did not take the message.
-        if code is not None and 400 <= code < 500:
-            raise MailNotSent("end of data", f"SMTP {code}")
-        if code is not None and 500 <= code < 600:
-            raise MailRejected("end of data", code)
+        if code is not None and 400 <= code < 600:
+            raise _refusal("end of data", code)
         # A cut or unparsable reply, or a 1xx/2xx/3xx that is not 250: no clear answer.
         raise MailOutcomeUnknown("a cut or malformed reply" if code is None else f"SMTP {code}")
 

@@ -278,7 +278,7 @@ def many_rows(location, job_id: str, items: int) -> None:
     ten items through the runner, their rows copied, then one audit row per item."""
     with StepJournal(location, durability="normal") as journal:
         run_batch(journal, job_id, [{"id": f"seed-{i}"} for i in range(10)], [Step("fetch", lambda i, c: {"n": 1})])
-    columns = [c for c in backends.columns(location, "steps")]
+    columns = backends.columns(location, "steps")
     copied = ", ".join("item_id || '~' || CAST(k AS TEXT)" if c == "item_id" else c for c in columns)
     numbers = ("generate_series(1, ?) AS n(k)" if backends.is_postgres(location)
                else "(WITH RECURSIVE n(k) AS (SELECT 1 UNION ALL SELECT k + 1 FROM n WHERE k < ?) SELECT k FROM n)")
@@ -286,7 +286,7 @@ def many_rows(location, job_id: str, items: int) -> None:
                                "WHERE job_id = ?", (items // 10 - 1, job_id))
     backends.execute(location, "INSERT INTO resolutions (job_id, item_id, step, decision, receipt, note, resolved_by, "
                                "resolved_at, previous_status, previous_held_reason) "
-                               f"SELECT ?, 'item-' || CAST(k AS TEXT), 'fetch', 'delivered', 'receipt-' || CAST(k AS TEXT), "
+                               "SELECT ?, 'item-' || CAST(k AS TEXT), 'fetch', 'delivered', 'receipt-' || CAST(k AS TEXT), "
                                f"'found on the receiver', 'on-call', 1e9, 'FAILED', 'unknown_outcome' FROM {numbers}",
                      (job_id, items))
 
