@@ -9,7 +9,14 @@ PY := $(VENV)/bin/python
 # The compatibility matrix (make test-matrix): the Airflow-layer, UI and metrics tests on the newest
 # patch of every older Airflow minor this provider declares, and the core tests (no Airflow) on the
 # oldest and newest Python it declares (the property test with 60 examples there, 300 in `make test`).
-# `make test` is the newest Airflow on the default Python.
+# `make test` is the newest Airflow on the default Python, every test.
+#
+# What the Python cells leave out, and why: a core test can fail on another Python only through what
+# the interpreter and its standard library do - sqlite3, threads, signals, processes, the language. The
+# tests marked postgres_server (tests/conftest.py marks every test that talks to a PostgreSQL server)
+# check what the server does with the journal's SQL: the same SQL, sent through the same psycopg calls
+# by the same code on every Python, which the SQLite half of each such test drives on these Pythons
+# too. They run once, in `make test`; the cells run every other core test (the -m below).
 AIRFLOW_MATRIX ?= 3.1.8 3.2.2
 PYTHON_MATRIX ?= 3.10 3.13
 # 3.2.2's own dependencies resolve to FastAPI/Pydantic releases that break its execution API; the
@@ -53,8 +60,9 @@ $(VENV)/.installed: pyproject.toml Makefile | $(UV)
 
 # The suite's modules run side by side (pytest-xdist): most tests wait on Airflow, servers and child
 # processes more than they compute. A module runs whole on one worker (--dist loadfile), so the servers
-# it starts once serve all its tests; the slowest modules are collected first (tests/conftest.py), so
-# none is left to run alone at the end. TEST_JOBS=0: one process.
+# it starts once serve all its tests, except the three slowest, which start none: their tests are handed
+# out one by one (tests/conftest.py, SPREAD_MODULES). The slowest modules are collected first, so none
+# is left to run alone at the end. TEST_JOBS=0: one process.
 TEST_JOBS ?= 4
 
 test: $(VENV)/.installed  ## run the whole test suite
@@ -64,19 +72,20 @@ test: $(VENV)/.installed  ## run the whole test suite
 # The matrix builds its environments at once; an editable install writes the project's metadata into
 # the source tree, so those steps take turns (the downloads and the rest of each install do not).
 EDITABLE_LOCK = flock .editable-install.lock
+CELL_TEST_TOOLS = "pytest>=8" "pytest-xdist>=3.5" "hypothesis>=6.100"
 .PRECIOUS: .venv-airflow-%/.installed .venv-python-%/.installed
 
 .venv-airflow-%/.installed: pyproject.toml Makefile | $(UV)
 	$(call timed,install airflow $*) $(UV) venv --quiet --seed --allow-existing --python $(PYTHON) .venv-airflow-$*
 	$(call timed,install airflow $*) $(EDITABLE_LOCK) $(UV) pip install --quiet --python .venv-airflow-$*/bin/python \
-		$(INSTALL_ARGS_$*) "apache-airflow==$*" "pytest>=8" "hypothesis>=6.100" "statsd>=3.3" -e ".[airflow,http,postgres]"
+		$(INSTALL_ARGS_$*) "apache-airflow==$*" $(CELL_TEST_TOOLS) "statsd>=3.3" -e ".[airflow,http,postgres]"
 	touch $@
 
 .venv-python-%/.installed: pyproject.toml Makefile | $(UV)
 	@test -n "$(call python_for,$*)" || { echo "no Python $* found (pyenv or PATH)"; exit 1; }
 	$(call timed,install python $*) $(UV) venv --quiet --seed --allow-existing --python $(call python_for,$*) .venv-python-$*
 	$(call timed,install python $*) $(EDITABLE_LOCK) $(UV) pip install --quiet --python .venv-python-$*/bin/python \
-		"pytest>=8" "hypothesis>=6.100" -e ".[postgres]"
+		$(CELL_TEST_TOOLS) -e ".[postgres]"
 	touch $@
 
 # The cells run side by side (each in its own virtual environment, its servers on free ports): they
@@ -84,6 +93,10 @@ EDITABLE_LOCK = flock .editable-install.lock
 # it ends, so a cell's log is never interleaved with another's; -k runs every cell even when one fails.
 MATRIX_CELLS = $(addprefix cell-airflow-,$(AIRFLOW_MATRIX)) $(addprefix cell-python-,$(PYTHON_MATRIX))
 MATRIX_JOBS ?= 4
+# Two workers a cell, as `make test` does it (--dist loadfile, tests/conftest.py spreading the slowest
+# modules), so no cell is left at the end with one long module on one worker.
+CELL_JOBS ?= 2
+CELL_PYTEST_ARGS = $(if $(filter 0,$(CELL_JOBS)),,-n $(CELL_JOBS) --dist loadfile --no-loadscope-reorder)
 
 test-matrix:  ## the compatibility matrix, every cell at once
 	@$(MAKE) --no-print-directory -k -O -j$(MATRIX_JOBS) $(MATRIX_CELLS) && echo "=== matrix: every cell passed ==="
@@ -92,12 +105,13 @@ test-matrix:  ## the compatibility matrix, every cell at once
 cell-airflow-%: .venv-airflow-%/.installed
 	@echo "=== matrix cell: Airflow $*, Python $$(.venv-airflow-$*/bin/python -c 'import platform; print(platform.python_version())'): Airflow-layer, UI and metrics tests ==="
 	$(call timed,cell airflow $*: pytest) env RESUMABLE_CPU_LABEL=cell-airflow-$* \
-		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(AIRFLOW_LAYER_TESTS)
+		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) $(AIRFLOW_LAYER_TESTS)
 
 cell-python-%: .venv-python-%/.installed
 	@echo "=== matrix cell: Python $$(.venv-python-$*/bin/python -c 'import platform; print(platform.python_version())'), no Airflow: core tests ==="
 	$(call timed,cell python $*: pytest) env RESUMABLE_PROPERTY_EXAMPLES=60 RESUMABLE_CPU_LABEL=cell-python-$* \
-		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CORE_TESTS)
+		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) -m "not postgres_server" \
+		$(CORE_TESTS)
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo

@@ -73,7 +73,39 @@ SLOWEST_MODULES = (
 )
 
 
+# Modules whose tests share nothing wider than the session (no module-scoped server), and each of which
+# would keep one worker busy for a third of the run: under --dist loadfile their tests are handed out
+# one by one, so several workers share them. Every other module still runs whole on one worker.
+SPREAD_MODULES = ("test_airflow_layer.py", "test_properties.py", "test_crash_matrix.py")
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LoadFileSpreadingSome(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return nodeid if module.rsplit("/", 1)[-1] in SPREAD_MODULES else module
+
+    return LoadFileSpreadingSome(config, log)
+
+
+def needs_postgres_server(item) -> bool:
+    """The test talks to a PostgreSQL server: the session's (its fixtures, or a "postgres" parameter of a
+    fixture choosing the journal's engine) or a cluster of its own (a module marked so by hand)."""
+    if item.get_closest_marker("postgres_server") or {"postgres", "postgres_url"} & set(item.fixturenames):
+        return True
+    callspec = getattr(item, "callspec", None)
+    return callspec is not None and any(isinstance(v, str) and v == "postgres" for v in callspec.params.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks given here
 def pytest_collection_modifyitems(session, config, items):
+    for item in items:
+        if needs_postgres_server(item):
+            item.add_marker("postgres_server")
     rank = {name: n for n, name in enumerate(SLOWEST_MODULES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a module's own order stays
 

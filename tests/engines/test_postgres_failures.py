@@ -103,6 +103,7 @@ CRASH_JOB = "pg-crash/job-1"
 CRASH_ITEMS = 200
 
 
+@pytest.mark.postgres_server  # a cluster of its own
 @pytest.mark.slow
 @pytest.mark.parametrize("concurrency", [1, 16])
 def test_server_crash_mid_batch_then_resume_delivers_each_item_once(tmp_path, concurrency):
@@ -323,6 +324,7 @@ class Proc:
         return f"{self.name}: exit {self.proc.poll()}\nevents: {_events(self.events)}\nstderr:\n{self.stderr()}"
 
 
+@pytest.mark.postgres_server  # a cluster of its own
 @pytest.mark.slow
 @pytest.mark.parametrize("cut_at", ["before_send", "local"])
 def test_runner_cut_off_from_the_server_loses_the_job_and_sends_nothing_more(tmp_path, cut_at):
