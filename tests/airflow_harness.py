@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import airflow_forkserver
 from tests.airflow_metadata import MetadataDB
 
 REPO = Path(__file__).resolve().parent.parent
@@ -89,8 +90,25 @@ class Airflow:
         env.update(AIRFLOW__RESUMABLE__JOURNAL_PATH=str(journal), RESUMABLE_TEST_RECEIVER=str(receiver))
         return cls(home, journal, receiver, env)
 
+    def _forkable(self) -> bool:
+        """Whether a fork of the server is this command: Airflow reads most of its settings once, at
+        import (metrics, executors, ...), so only the paths that make a home and what is read again at
+        each use (the [resumable] section, connections) may differ from the server's."""
+        base = base_env(self.home)
+        return not [k for k, v in self.env.items() if k.startswith("AIRFLOW") and base.get(k) != v
+                    and not k.startswith(("AIRFLOW__RESUMABLE__", "AIRFLOW_CONN_"))]
+
+    def _command(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
+        """``airflow argv`` (or ``python -m ...`` when argv starts with "-m") run to its end: a fork of the
+        pre-imported Airflow (tests/airflow_forkserver.py), or a new process when that is switched off."""
+        server = airflow_forkserver.server(self.env, REPO) if self._forkable() else None
+        if server is not None:
+            return server.run(argv, self.env, cwd, self.home / "commands", timeout)
+        command = [sys.executable, *argv] if argv[0] == "-m" else [AIRFLOW, *argv]
+        return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
     def run(self, *args: str, check: bool = False, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        proc = subprocess.run([AIRFLOW, *args], env=self.env, capture_output=True, text=True, timeout=timeout)
+        proc = self._command(list(args), Path.cwd(), timeout)
         (self.home / "last-output.txt").write_text(proc.stdout + proc.stderr)
         if check and proc.returncode != 0:
             raise AssertionError(f"airflow {' '.join(args)} failed:\n{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
@@ -98,8 +116,7 @@ class Airflow:
 
     def rerun(self, dag_id: str, run_id: str) -> subprocess.CompletedProcess[str]:
         """Re-run an existing DAG run after its tasks were cleared (what the scheduler does)."""
-        proc = subprocess.run([sys.executable, "-m", "tests.airflow_rerun", dag_id, run_id], env=self.env,
-                              capture_output=True, text=True, timeout=300, cwd=REPO)
+        proc = self._command(["-m", "tests.airflow_rerun", dag_id, run_id], REPO, 300)
         (self.home / "last-output.txt").write_text(proc.stdout + proc.stderr)
         return proc
 

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tests import cpu_report
+from tests import airflow_forkserver, cpu_report
 from tests.airflow_harness import Airflow, migrated_template
 from tests.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
 
@@ -137,6 +137,7 @@ def pytest_sessionfinish(session, exitstatus):
             extra["(the session's PostgreSQL server)"] = server
         _POSTGRES.cluster.destroy()
     _CPU.write(extra)
+    airflow_forkserver.stop()  # after the report: its end would count its forks' CPU again
 
 
 @pytest.fixture(scope="module")
