@@ -25,7 +25,7 @@ INSTALL_ARGS_3.2.2 = --exclude-newer 2026-06-01T00:00:00Z
 AIRFLOW_LAYER_TESTS = $(addprefix tests/airflow_layer/,test_airflow_layer.py test_metrics_and_link.py \
 	test_sensor_journal.py test_review_operator.py) tests/faces/test_ui_plugin.py \
 	tests/outside_systems/test_smtp_receiver.py::TestWithoutServers tests/core/test_public_api.py \
-	tests/airflow_layer/test_public_api_airflow.py
+	tests/airflow_layer/test_public_api_airflow.py tests/airflow_layer/test_airflow_forkserver.py
 # Every test of the core (tests/core, the engines, the CLI) that runs without Airflow installed.
 CORE_TESTS = $(addprefix tests/core/,test_article_scenario.py test_bad_input.py test_bulk_resolution.py \
 	test_crash_matrix.py test_decide.py test_decision_input.py test_durability.py test_generations.py \

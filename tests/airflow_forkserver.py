@@ -3,15 +3,16 @@
 An `airflow dags test` of a 50-item DAG costs ~13 s of CPU here, and ~10 of them are the same in every
 run: importing Airflow and building the in-process execution API (its versioned routes). Each pytest
 process starts this server once (``python -m tests.airflow_forkserver``, in the same virtual environment):
-it imports what every command imports, and on Airflow >= 3.3 builds the execution API that
-``in_process_api_server()`` caches for the process (Airflow's own cache; older minors build it per task
-and get only the imports). Each command is then a fork of it that takes the test's environment,
+it imports what every command imports and builds the execution API that ``in_process_api_server()``
+caches for the process (Airflow 3.3's own cache; on 3.1 and 3.2, which build it for every task, the
+server adds that cache). Each command is then a fork of it that takes the test's environment,
 working directory and argv, sets Airflow up again from that environment (``settings.initialize()``,
 as at import) and runs ``airflow.__main__.main()`` (or a module, as ``python -m`` does) with its
 output in files. Its exit code is the command's, as ``subprocess.run`` reports it.
 
 Only commands run to completion go through here (:meth:`tests.airflow_harness.Airflow.run` and
-``rerun``); a command a test signals or waits beside (``Airflow.popen``) is a process of its own.
+``rerun``); a command a test signals or waits beside (``Airflow.popen``) is a process of its own. A
+test that sets Airflow settings of its own (statsd, the state store) gets a server started with them.
 ``RESUMABLE_TEST_AIRFLOW_FORK=0`` turns the server off: every command is then a new process.
 
 The protocol, one JSON line each way on the server's stdin/stdout: a request ``{"argv", "env", "cwd",
@@ -21,13 +22,17 @@ user and system seconds: the tests' CPU report counts them, tests/cpu_report.py)
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 ENV_SWITCH = "RESUMABLE_TEST_AIRFLOW_FORK"
@@ -59,9 +64,12 @@ def _warm() -> None:
             pass
     from airflow.sdk.execution_time import supervisor
 
-    if hasattr(supervisor.in_process_api_server, "cache_info"):  # Airflow caches it per process (>= 3.3)
-        app = supervisor.in_process_api_server().app
-        _initialise_versioned_apps(app, set())
+    if not hasattr(supervisor.in_process_api_server, "cache_info"):
+        # Airflow 3.1 and 3.2 build the in-process execution API again for every task; 3.3 builds it
+        # once per process (functools.lru_cache), as one API server serves every task of a deployment.
+        # The forks do as 3.3 does: the same API, built once.
+        supervisor.in_process_api_server = functools.lru_cache(maxsize=1)(supervisor.in_process_api_server)
+    _initialise_versioned_apps(supervisor.in_process_api_server().app, set())
     if threading.active_count() != 1:  # a fork copies only the thread that forks
         raise RuntimeError(f"the fork server must not start threads: {threading.enumerate()}")
 
@@ -169,18 +177,26 @@ class ForkServer:
         with log.open("w") as stderr:  # the server's own output (Airflow's start-up): for a post-mortem
             self.proc = subprocess.Popen([sys.executable, "-m", "tests.airflow_forkserver"], env=env, cwd=cwd,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
+        self.log = log
+        self._pending = b""  # read from the server, not yet a whole line
         ready = self._reply(timeout=300)
         self._count_cpu(ready["ready"])
 
-    def _reply(self, timeout: float | None) -> dict:
+    def _reply(self, timeout: float) -> dict:
+        """The server's next line, read from the pipe's descriptor (a buffered reader could hold the
+        next line where select() does not see it)."""
         assert self.proc.stdout is not None
-        if timeout is not None:
-            readable, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self._pending:
+            readable, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not readable:
                 raise TimeoutError
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the Airflow fork server ended (exit {self.proc.wait()})")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the Airflow fork server ended (exit {self.proc.wait()}); see {self.log}")
+            self._pending += chunk
+        line, self._pending = self._pending.split(b"\n", 1)
         return json.loads(line)
 
     @staticmethod
@@ -203,7 +219,8 @@ class ForkServer:
         try:
             done = self._reply(timeout=timeout)
         except TimeoutError:
-            os.kill(pid, 9)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended just now
+                os.kill(pid, signal.SIGKILL)
             self._count_cpu(self._reply(timeout=60)["cpu"])
             raise subprocess.TimeoutExpired(argv, timeout, stdout.read_text(errors="replace"),
                                             stderr.read_text(errors="replace")) from None
@@ -221,25 +238,32 @@ class ForkServer:
             self.proc.wait()
 
 
-_SERVER: ForkServer | None = None
+# What makes one test's Airflow home differ from another's: set again in every fork. Airflow reads most
+# other settings once, at import (metrics, the state store, executors), so a fork takes them from its
+# server, and each set of them gets a server of its own; what Airflow and this provider read at each use
+# (the [resumable] section, connections) may differ between forks of one server.
+HOME_SETTINGS = ("AIRFLOW_HOME", "AIRFLOW__CORE__DAGS_FOLDER", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER")
+READ_AT_USE = ("AIRFLOW__RESUMABLE__", "AIRFLOW_CONN_")
+
+_SERVERS: dict[tuple[tuple[str, str], ...], ForkServer] = {}
 
 
 def server(env: dict[str, str], cwd: Path) -> ForkServer | None:
-    """This process's fork server (started now if need be), or None when switched off."""
-    global _SERVER
+    """The fork server for ``env``'s Airflow settings (started now if need be), or None when switched off."""
     if not enabled():
         return None
-    if _SERVER is None or _SERVER.proc.poll() is not None:
+    key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("AIRFLOW") and k not in HOME_SETTINGS
+                       and not k.startswith(READ_AT_USE)))
+    if key not in _SERVERS or _SERVERS[key].proc.poll() is not None:
         log = Path(tempfile.mkstemp(prefix="airflow-forkserver-", suffix=".log")[1])
-        _SERVER = ForkServer(env, cwd, log)
-    return _SERVER
+        _SERVERS[key] = ForkServer(env, cwd, log)
+    return _SERVERS[key]
 
 
 def stop() -> None:
-    global _SERVER
-    if _SERVER is not None:
-        _SERVER.stop()
-        _SERVER = None
+    while _SERVERS:
+        _SERVERS.popitem()[1].stop()
 
 
 if __name__ == "__main__":

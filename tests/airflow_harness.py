@@ -90,18 +90,10 @@ class Airflow:
         env.update(AIRFLOW__RESUMABLE__JOURNAL_PATH=str(journal), RESUMABLE_TEST_RECEIVER=str(receiver))
         return cls(home, journal, receiver, env)
 
-    def _forkable(self) -> bool:
-        """Whether a fork of the server is this command: Airflow reads most of its settings once, at
-        import (metrics, executors, ...), so only the paths that make a home and what is read again at
-        each use (the [resumable] section, connections) may differ from the server's."""
-        base = base_env(self.home)
-        return not [k for k, v in self.env.items() if k.startswith("AIRFLOW") and base.get(k) != v
-                    and not k.startswith(("AIRFLOW__RESUMABLE__", "AIRFLOW_CONN_"))]
-
     def _command(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
         """``airflow argv`` (or ``python -m ...`` when argv starts with "-m") run to its end: a fork of the
         pre-imported Airflow (tests/airflow_forkserver.py), or a new process when that is switched off."""
-        server = airflow_forkserver.server(self.env, REPO) if self._forkable() else None
+        server = airflow_forkserver.server(self.env, REPO)
         if server is not None:
             return server.run(argv, self.env, cwd, self.home / "commands", timeout)
         command = [sys.executable, *argv] if argv[0] == "-m" else [AIRFLOW, *argv]
