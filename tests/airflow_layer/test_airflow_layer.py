@@ -160,12 +160,25 @@ def wait_for_held(location, proc, timeout=120) -> str:
     raise AssertionError("nothing was held in time")
 
 
+def rescheduled(text: str) -> bool:
+    return "up_for_reschedule" in text or "rescheduled" in text.lower()
+
+
+def wait_for_a_reschedule(proc, timeout=120) -> None:
+    """Until the background `dags test` logged its sensor's reschedule (it goes on running)."""
+    deadline = time.monotonic() + timeout
+    while not rescheduled(proc.output.read_text(errors="replace")):
+        assert proc.poll() is None, proc.communicate()[0][-5000:]
+        assert time.monotonic() < deadline, "the sensor did not reschedule in time"
+        time.sleep(0.5)
+
+
 def test_on_held_succeed_sensor_waits_for_the_resolve_dag_then_second_pass_sends_once(airflow):
     arm(airflow, "item-041", "before_accept")
     proc = airflow.popen("dags", "test", "article_sensor")
     try:
         job_id = wait_for_held(airflow.journal, proc)
-        time.sleep(3)  # let the sensor poke and reschedule at least once
+        wait_for_a_reschedule(proc)  # the sensor poked while item 41 was held, and waits
         assert proc.poll() is None, "the sensor must wait while item 41 is held"
         assert resolve(airflow, job_id=job_id, item_id="item-041", step="notify_external",
                        decision="not_delivered").returncode == 0, output(airflow)
@@ -182,7 +195,7 @@ def test_on_held_succeed_sensor_waits_for_the_resolve_dag_then_second_pass_sends
     assert (second["job_id"], second["executed_steps"], second["status"]) == (job_id, 1, "completed")
     counts = receiver(airflow).counts()
     assert sorted(counts) == ALL_ITEMS and set(counts.values()) == {1}
-    assert "up_for_reschedule" in out or "rescheduled" in out.lower()
+    assert rescheduled(out)
 
 
 def test_sensor_verify_marks_held_step_succeeded_once_the_receiver_answers(airflow):
