@@ -22,6 +22,7 @@ user and system seconds: the tests' CPU report counts them, tests/cpu_report.py)
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import json
@@ -256,6 +257,8 @@ def server(env: dict[str, str], cwd: Path) -> ForkServer | None:
     key = tuple(sorted((k, v) for k, v in env.items() if k.startswith("AIRFLOW") and k not in HOME_SETTINGS
                        and not k.startswith(READ_AT_USE)))
     if key not in _SERVERS or _SERVERS[key].proc.poll() is not None:
+        if not _SERVERS:  # waited for at the latest when this process exits (a demo, say): its CPU counted
+            atexit.register(stop)
         log = Path(tempfile.mkstemp(prefix="airflow-forkserver-", suffix=".log")[1])
         _SERVERS[key] = ForkServer(env, cwd, log)
     return _SERVERS[key]
