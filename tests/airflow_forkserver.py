@@ -172,7 +172,7 @@ def serve() -> None:
 
 
 class ForkServer:
-    """The client: one server process per pytest process, started on first use with the first caller's env."""
+    """The client of one server process (one per process and set of Airflow settings: :func:`server`)."""
 
     def __init__(self, env: dict[str, str], cwd: Path, log: Path) -> None:
         with log.open("w") as stderr:  # the server's own output (Airflow's start-up): for a post-mortem
