@@ -115,7 +115,7 @@ cell-python-%: .venv-python-%/.installed
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo
-	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner airflow_resumable/_fs.py airflow_resumable/errors.py airflow_resumable/exceptions.py
+	$(VENV)/bin/mypy airflow_resumable/journal airflow_resumable/runner airflow_resumable/_fs.py airflow_resumable/exceptions.py
 
 demo: $(VENV)/.installed  ## the article's experiment end to end through real Airflow
 	$(PY) -m demo

@@ -1,21 +1,24 @@
 """Every error this provider raises on purpose, under one root: catch :class:`ResumableError` to catch
 them all.
 
-Pure Python: the journal core and the runner raise these without importing Airflow. The few errors
-that must also be Airflow exceptions (so that Airflow fails a task without spending its retries) are
-defined beside the code that raises them and are reachable from here too, imported on first use:
-``WrongWorkerError``, ``HeldItemsError``, ``HeldItemsNeedAHumanError`` (the batch operator) and
-``MailRejected``, ``InvalidMessage`` (the SMTP receiver).
+Pure Python: the journal core and the runner raise these without importing Airflow. Five errors must
+also be Airflow exceptions (so that Airflow fails a task without spending its retries); they are
+defined, and imported from, the module that raises them: ``WrongWorkerError``, ``HeldItemsError``,
+``HeldItemsNeedAHumanError`` (:mod:`airflow_resumable.operators.resumable_batch`) and ``MailRejected``,
+``InvalidMessage`` (:mod:`airflow_resumable.receivers.smtp`).
+
+What a send's error says about the send, for the runner and for whoever catches it:
+
+* :class:`NotSentError`: nothing left the process; the next run sends it again, unasked.
+* :class:`OutcomeUnknownError`: it may have arrived; the receiver is asked (``verify``) before anything
+  is sent again, and an item it cannot answer for is held for a person. Any other exception a send
+  raises is treated the same way; this class names the case for code that catches it.
 
 Each error is built with its fields: a caller reads ``exc.holder`` or ``exc.status``, never the message.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-# The Airflow-bound errors (below) are left out: a star import must not import Airflow.
 __all__ = [
     "ArchiveError",
     "BatchStopped",
@@ -36,6 +39,7 @@ __all__ = [
     "MailOutcomeUnknown",
     "NotHeldError",
     "NotSentError",
+    "OutcomeUnknownError",
     "PageError",
     "ReceiverError",
     "ReceiverUnreachable",
@@ -146,11 +150,20 @@ class NotSentError(ResumableError):
     byte of the request may have been written is an unknown outcome, never a NotSentError."""
 
 
+class OutcomeUnknownError(ResumableError):
+    """Raised by a send when it cannot tell whether the receiver got it: the request may have been
+    written, and its answer never came, or came as an error.
+
+    The step is recorded FAILED with an unknown outcome: the next run asks the receiver (``verify``) and
+    sends again only when the receiver says it never got it; otherwise the item is held for a person."""
+
+
 # ---------------------------------------------------------------------------------- the receivers
 
 
-class ReceiverError(ResumableError):
-    """The receiver answered with an error status (the exception names only the status code).
+class ReceiverError(OutcomeUnknownError):
+    """The receiver answered with an error status (the exception names only the status code); a send
+    it answers this way may have been taken.
 
     :param status: the HTTP status code of the answer.
     """
@@ -178,7 +191,7 @@ class MailNotSent(NotSentError):
         self.stage, self.cause = stage, cause
 
 
-class MailOutcomeUnknown(ResumableError):
+class MailOutcomeUnknown(OutcomeUnknownError):
     """The end-of-data marker was written but its reply never came (the exception names only the
     error's type): the server may have the message. The next run verifies it, never re-sends blindly."""
 
@@ -205,20 +218,3 @@ class ResolutionRefused(ResumableError, ValueError):
 class DurationError(ResumableError, ValueError):
     """A duration that cannot be read; the message says what to write instead."""
 
-
-# The errors that are Airflow exceptions too: defined where they are raised, so that importing this
-# module (as the core does) never imports Airflow.
-_AIRFLOW_BOUND = {
-    "WrongWorkerError": "airflow_resumable.operators.resumable_batch",
-    "HeldItemsError": "airflow_resumable.operators.resumable_batch",
-    "HeldItemsNeedAHumanError": "airflow_resumable.operators.resumable_batch",
-    "MailRejected": "airflow_resumable.receivers.smtp",
-    "InvalidMessage": "airflow_resumable.receivers.smtp",
-}
-
-
-def __getattr__(name: str) -> Any:
-    module = _AIRFLOW_BOUND.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)

@@ -31,6 +31,9 @@ def get_provider_info() -> dict[str, Any]:
                 ],
             }
         ],
+        "hooks": [
+            {"integration-name": "Resumable batches", "python-modules": ["airflow_resumable.hooks.journal"]}
+        ],
         "sensors": [
             {"integration-name": "Resumable batches", "python-modules": ["airflow_resumable.sensors.held_items"]}
         ],

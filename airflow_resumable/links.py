@@ -10,12 +10,12 @@ from urllib.parse import quote
 
 from airflow.sdk import BaseOperatorLink
 
-from airflow_resumable.hooks.journal import SUMMARY_XCOM_KEY, default_job_id_of
+from airflow_resumable._location import SUMMARY_XCOM_KEY, default_job_id_of
 
 if TYPE_CHECKING:
     from airflow.sdk.types import TaskInstanceKey
 
-# Where Airflow's API server mounts the Resumable jobs page (its app, airflow_resumable.plugins.ui).
+# Where Airflow's API server mounts the Resumable jobs page (its app, airflow_resumable.plugins.webapp).
 URL_PREFIX = "/resumable"
 
 

@@ -387,14 +387,17 @@ def _page_reads(engine: Engine, job_id: str, jobs_shown: int) -> dict[str, Calla
     """The page's own views of this engine's journal: GET requests to the plugin's FastAPI app."""
     from fastapi.testclient import TestClient
 
-    from airflow_resumable.plugins import ui
+    from airflow_resumable.links import job_path
+    from airflow_resumable.plugins.auth import Viewer, require_dag_read
+    from airflow_resumable.plugins.paths import rows_path
+    from airflow_resumable.plugins.webapp import app
 
-    class EveryDag(ui.Viewer):  # what an admin's sign-in resolves to, without an auth manager to ask
+    class EveryDag(Viewer):  # what an admin's sign-in resolves to, without an auth manager to ask
         def on_all_dags(self, method: str) -> bool:
             return True
 
-    ui.app.dependency_overrides[ui.require_dag_read] = lambda: EveryDag("bench", None)
-    client = TestClient(ui.app)
+    app.dependency_overrides[require_dag_read] = lambda: EveryDag("bench", None)
+    client = TestClient(app)
 
     def get(path: str, must_hold: str) -> Callable[[], object]:
         def run() -> object:
@@ -413,8 +416,8 @@ def _page_reads(engine: Engine, job_id: str, jobs_shown: int) -> dict[str, Calla
         return listed
 
     return {  # each checked for what it must show: a page that read less would flatter the figure
-        "ui_jobs": get("/", ui.job_path(job_id)),  # the newest job: listed, its held sends shown
-        "ui_job": get(ui.job_path(job_id), f'href="{ui.rows_path(job_id)}"'),
+        "ui_jobs": get("/", job_path(job_id)),  # the newest job: listed, its held sends shown
+        "ui_job": get(job_path(job_id), f'href="{rows_path(job_id)}"'),
         "ui_jobs_json": jobs_json,
     }
 

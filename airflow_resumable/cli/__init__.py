@@ -11,37 +11,6 @@ docstring of :mod:`.command_line`, whose first line ``--help`` prints. The parts
 * :mod:`.output`: tables, JSON and CSV, safe to print and to open in a spreadsheet.
 """
 
-from airflow_resumable.cli.command_line import (
-    EXIT_BUG,
-    EXIT_REFUSED,
-    EXIT_USAGE,
-    EXPECTED_VERSION_HELP,
-    TEXT_ARGUMENTS,
-    build_parser,
-    main,
-    parse_args,
-    run,
-)
-from airflow_resumable.cli.commands import READ_COMMANDS
-from airflow_resumable.cli.output import FORMULA_STARTS
+from airflow_resumable.cli.command_line import main
 
-# Not API: the export tests build the document they compare against with these two.
-from airflow_resumable.cli.output import csv_cell as _csv_cell  # noqa: F401
-from airflow_resumable.cli.output import plain as _plain  # noqa: F401
-from airflow_resumable.cli.paging import FETCH_SIZE, PAGE_SIZE
-
-__all__ = [
-    "EXIT_BUG",
-    "EXIT_REFUSED",
-    "EXIT_USAGE",
-    "EXPECTED_VERSION_HELP",
-    "FETCH_SIZE",
-    "FORMULA_STARTS",
-    "PAGE_SIZE",
-    "READ_COMMANDS",
-    "TEXT_ARGUMENTS",
-    "build_parser",
-    "main",
-    "parse_args",
-    "run",
-]
+__all__ = ["main"]

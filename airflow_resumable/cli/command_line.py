@@ -133,8 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_paging_options(audit)
     prune = add("prune", help="forget finished jobs older than a cut-off")
     prune.add_argument("--older-than", type=_duration, required=True, help=DURATION_HELP)
-    compact = add("compact", help="keep the finished items of jobs not run for a while as one row each (the "
-                                  "journal shows them as before)")
+    compact = add("compact", help="keep the finished items of jobs not run for a while as one row each (every "
+                                  "read shows them as it showed their rows)")
     compact.add_argument("--older-than", type=_duration, default=timedelta(hours=1),
                          help=DURATION_HELP + " Default 1h.")
     export = add("export", help="a job's rows as JSON or CSV (all of them, streamed)")

@@ -27,7 +27,7 @@ RESOLUTION_COLUMNS = ["job_id", "item_id", "step", "decision", "resolved_by", "r
 
 def locate_journal(args: argparse.Namespace) -> Any:
     """Where the journal is (a ``hooks.journal.JournalTarget``): --journal, --conn-id, else the Airflow config."""
-    from airflow_resumable.hooks.journal import JournalTarget, journal_target
+    from airflow_resumable._location import JournalTarget, journal_target
 
     if args.journal and is_postgres_url(args.journal):
         from airflow_resumable.journal.postgres import redacted

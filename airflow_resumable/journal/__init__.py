@@ -4,24 +4,15 @@
 ``StepJournal("postgresql://...")`` a schema in a PostgreSQL database that every worker reaches.
 The runner talks to both through :class:`JobRun`; the engines differ only below the seam described
 in :mod:`airflow_resumable.journal.backend` (``StepJournal.engine``). This package imports nothing from Airflow.
+
+The journal's other errors (``JobPrunedError``, ``StaleDecisionError``, ...) are in
+:mod:`airflow_resumable.exceptions`, with every error of the provider; the four a caller of the journal
+catches most are importable from here too.
 """
 
+from airflow_resumable.exceptions import JobBusyError, JournalError, JournalLocationError, NotHeldError
 from airflow_resumable.journal.base import StepJournal, migrate
 from airflow_resumable.journal.engines import is_postgres_url
-from airflow_resumable.journal.errors import (
-    JobBusyError,
-    JobPrunedError,
-    JournalConnectionError,
-    JournalCorruptError,
-    JournalDiskFullError,
-    JournalError,
-    JournalLocationError,
-    JournalVersionError,
-    NotHeldError,
-    PageError,
-    ResolutionError,
-    StaleDecisionError,
-)
 from airflow_resumable.journal.jobrun import JobRun
 from airflow_resumable.journal.records import (
     DECISIONS,
@@ -39,32 +30,8 @@ from airflow_resumable.journal.records import (
 from airflow_resumable.journal.schema import SCHEMA_VERSION
 
 __all__ = [
-    "DECISIONS",
-    "DECISIONS_BY_REASON",
-    "JOB_STATUSES",
-    "SCHEMA_VERSION",
-    "HeldReason",
-    "HeldStep",
-    "JobBusyError",
-    "JobPrunedError",
-    "JobRun",
-    "JobSummary",
-    "JournalConnectionError",
-    "JournalCorruptError",
-    "JournalDiskFullError",
-    "JournalError",
-    "JournalLocationError",
-    "JournalVersionError",
-    "NotHeldError",
-    "Page",
-    "PageError",
-    "ResolutionError",
-    "StaleDecisionError",
-    "Resolution",
-    "Status",
-    "StepJournal",
-    "StepRecord",
-    "StepState",
-    "is_postgres_url",
-    "migrate",
+    "DECISIONS", "DECISIONS_BY_REASON", "JOB_STATUSES", "SCHEMA_VERSION",
+    "HeldReason", "HeldStep", "JobRun", "JobSummary", "Page", "Resolution", "Status", "StepJournal", "StepRecord",
+    "StepState", "is_postgres_url", "migrate",
+    "JobBusyError", "JournalError", "JournalLocationError", "NotHeldError",
 ]

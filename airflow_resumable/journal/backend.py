@@ -22,7 +22,7 @@ from airflow_resumable.journal.statements import Statement
 
 __all__ = [
     "BRIEF_HOLDERS", "BRIEF_HOLDER_DOING", "BRIEF_WAIT_SECONDS", "COMPACTION_RUNNER", "DURABILITIES", "Claim",
-    "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Statement", "Tx", "checked_durability",
+    "Durability", "EngineBase", "JournalBackend", "ReceiptLog", "Tx", "checked_durability",
     "claim_after_brief_holders",
 ]
 
@@ -166,7 +166,7 @@ class JournalBackend(Protocol):
         ...
 
     def claim(self, job_id: str, *, runner: str | None, brief: bool = False) -> Claim:
-        """The job's claim, at once, or :class:`~airflow_resumable.journal.errors.JobBusyError`.
+        """The job's claim, at once, or :class:`~airflow_resumable.exceptions.JobBusyError`.
 
         ``brief`` claims (a resolution, a receipt-log fold) are held for one transaction; a runner
         finding one waits it out instead of failing.

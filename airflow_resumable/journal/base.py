@@ -12,13 +12,13 @@ from typing import Any
 
 from airflow_resumable.journal.backend import Durability, JournalBackend
 from airflow_resumable.journal.decisions import JournalDecisions
-from airflow_resumable.journal.engines import is_postgres_url, open_engine
+from airflow_resumable.journal.engines import open_engine
 from airflow_resumable.journal.housekeeping import JournalHousekeeping
 from airflow_resumable.journal.jobrun import JobRun
 from airflow_resumable.journal.reads import JournalReads
 from airflow_resumable.journal.schema import SCHEMA_VERSION
 
-__all__ = ["StepJournal", "is_postgres_url", "migrate"]
+__all__ = ["StepJournal", "migrate"]
 
 
 def migrate(location: str | os.PathLike[str], **options: Any) -> tuple[int | None, int]:

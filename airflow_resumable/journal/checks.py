@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from airflow_resumable.journal.errors import NotHeldError, ResolutionError
+from airflow_resumable.exceptions import NotHeldError, ResolutionError
 from airflow_resumable.journal.records import (
     DECISIONS,
     ENTRY_FIELDS,

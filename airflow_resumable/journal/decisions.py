@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from airflow_resumable.exceptions import JobBusyError, JournalError, NotHeldError, ResolutionError, StaleDecisionError
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import (
     BRIEF_HOLDER_DOING,
@@ -25,13 +26,6 @@ from airflow_resumable.journal.checks import (
     check_version,
 )
 from airflow_resumable.journal.compaction import expand_item
-from airflow_resumable.journal.errors import (
-    JobBusyError,
-    JournalError,
-    NotHeldError,
-    ResolutionError,
-    StaleDecisionError,
-)
 from airflow_resumable.journal.records import (
     MAX_DECISION_JOBS,
     MAX_DECISIONS,
@@ -216,7 +210,7 @@ class JournalDecisions:
             raise ResolutionError("no decisions given: the list is empty")
         if len(entries) > MAX_DECISIONS:
             raise ResolutionError(f"{len(entries)} decisions in one call; at most {MAX_DECISIONS}, split the list")
-        single = len(entries) == 1  # one decision: its errors read as before, with no "entry 1:"
+        single = len(entries) == 1  # one decision: its errors name no "entry 1:"
         checked = [check_entry(0 if single else n, entry, resolved_by) for n, entry in enumerate(entries, 1)]
         seen: dict[tuple[str, str, str | None], int] = {}
         for n, entry in enumerate(checked, 1):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from airflow_resumable.exceptions import JournalLocationError
 from airflow_resumable.journal.backend import JournalBackend
-from airflow_resumable.journal.errors import JournalLocationError
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 

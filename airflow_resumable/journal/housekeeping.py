@@ -7,10 +7,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from airflow_resumable.exceptions import JobBusyError, JournalConnectionError, JournalError
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import COMPACTION_RUNNER, JournalBackend, Tx
 from airflow_resumable.journal.compaction import compact_item, step_set_key
-from airflow_resumable.journal.errors import JobBusyError, JournalConnectionError, JournalError
 
 __all__ = ["JournalHousekeeping"]
 

@@ -8,11 +8,12 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from airflow_resumable.exceptions import JobPrunedError
 from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import Claim, JournalBackend, Statement, claim_after_brief_holders
+from airflow_resumable.journal.backend import Claim, JournalBackend, claim_after_brief_holders
 from airflow_resumable.journal.compaction import expand_item
-from airflow_resumable.journal.errors import JobPrunedError
 from airflow_resumable.journal.records import HeldReason, Status, StepState, ts
+from airflow_resumable.journal.statements import Statement
 
 # Rows looked up per query when the runner resumes (well under every engine's parameter limit).
 LOOKUP_CHUNK = 500

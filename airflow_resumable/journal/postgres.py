@@ -18,7 +18,7 @@ key derived from the schema and the job id, taken and used on the one connection
 run's marks. The server frees it when that session ends: at once when the runner's process dies,
 and within ``claim_timeout`` seconds when its host vanishes or is cut off (TCP keepalives and
 ``tcp_user_timeout`` on both ends of the connection). The journal never reconnects: a runner whose
-connection broke stops with :class:`~airflow_resumable.journal.errors.JournalConnectionError`
+connection broke stops with :class:`~airflow_resumable.exceptions.JournalConnectionError`
 before its next mark, so it never starts another send after its claim could have passed on.
 
 Session locks need a connection that stays one server session: connect directly. Through a pooler
@@ -46,9 +46,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import BRIEF_HOLDERS, Durability, EngineBase, Statement
-from airflow_resumable.journal.errors import (
+from airflow_resumable.exceptions import (
     JobBusyError,
     JournalConnectionError,
     JournalCorruptError,
@@ -56,7 +54,10 @@ from airflow_resumable.journal.errors import (
     JournalLocationError,
     JournalVersionError,
 )
+from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.backend import BRIEF_HOLDERS, Durability, EngineBase
 from airflow_resumable.journal.schema import POSTGRES_FIRST_VERSION, POSTGRES_MIGRATIONS, SCHEMA_VERSION
+from airflow_resumable.journal.statements import Statement
 
 try:
     import psycopg

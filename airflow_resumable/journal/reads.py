@@ -12,11 +12,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from airflow_resumable.exceptions import PageError
 from airflow_resumable.journal import statements as sql
 from airflow_resumable.journal.backend import JournalBackend
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.compaction import expand_item
-from airflow_resumable.journal.errors import PageError
 from airflow_resumable.journal.records import (
     MAX_CURSOR_LENGTH,
     MAX_PAGE,

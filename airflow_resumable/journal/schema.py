@@ -226,7 +226,7 @@ _PG_COUNTING_FUNCTIONS = ("steps_counted_insert", "steps_counted_update", "steps
 # a pruned job's number (its compacted items then belong to no job: no reader sees them, no count holds
 # them) and drops a partition once every number in it was given and no job has one of them any more
 # (compacted_drop()): deleting millions of rows wrote as much WAL as the rows took, and a run's marks on
-# the same server waited for it (SPEC §11: at most 100 ms). The functions run with the journal's schema
+# the same server waited for it (a mark must wait at most 100 ms). The functions run with the journal's schema
 # and refuse to wait for a lock longer than a moment (readers of compacted queue behind the drop).
 COMPACTED_PARTITION_JOBS = 64
 _PG_PARTITIONS_LOCK = "PERFORM pg_advisory_xact_lock(hashtext(current_schema()), hashtext('compacted partitions'))"

@@ -43,9 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from airflow_resumable._fs import network_location_reason
-from airflow_resumable.journal import statements as sql
-from airflow_resumable.journal.backend import FOLD_RUNNER, Durability, EngineBase
-from airflow_resumable.journal.errors import (
+from airflow_resumable.exceptions import (
     JobBusyError,
     JournalCorruptError,
     JournalDiskFullError,
@@ -53,6 +51,8 @@ from airflow_resumable.journal.errors import (
     JournalLocationError,
     JournalVersionError,
 )
+from airflow_resumable.journal import statements as sql
+from airflow_resumable.journal.backend import FOLD_RUNNER, Durability, EngineBase
 from airflow_resumable.journal.records import ts
 from airflow_resumable.journal.schema import SCHEMA_VERSION, SQLITE_MIGRATIONS
 

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Mapping, Sequence
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 import pendulum
 from airflow.sdk import DAG, BaseOperator, Param
 
-from airflow_resumable.exceptions import ResolutionRefused
-from airflow_resumable.hooks.journal import RESOLVE_DAG_ID, journal_target
-from airflow_resumable.journal import DECISIONS, JournalError, StaleDecisionError, StepJournal
+from airflow_resumable._location import RESOLVE_DAG_ID
+from airflow_resumable.exceptions import ResolutionRefused, StaleDecisionError
+from airflow_resumable.hooks.journal import ResumableJournalHook
+from airflow_resumable.journal import DECISIONS, JournalError, StepJournal
 from airflow_resumable.journal.records import (
     ENTRY_FIELDS,
     MAX_DECISIONS,
@@ -25,7 +27,7 @@ from airflow_resumable.journal.records import (
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
-__all__ = ["DECISIONS", "ResolutionRefused", "ResolveOperator", "resolve_held_item_dag"]
+__all__ = ["ResolveOperator", "resolve_held_item_dag"]
 _STRING_FIELDS = ("job_id", "item_id", "step", "decision", "receipt", "note", "version", "resolved_by")
 
 
@@ -65,16 +67,20 @@ class ResolveOperator(BaseOperator):
         self.journal_conn_id = journal_conn_id
         self.journal_path = journal_path
 
+    @cached_property
+    def hook(self) -> ResumableJournalHook:
+        """The journal whose held items this task settles: its own settings, then the Airflow config."""
+        return ResumableJournalHook(self.journal_conn_id, self.journal_path)
+
     def execute(self, context: Context) -> dict[str, Any]:
         conf = _conf(context)
         resolved_by = _triggering_user(context) or conf.get("resolved_by")
         if not resolved_by:
             raise ResolutionRefused("resolved_by is required: Airflow does not know who triggered this run")
         entries = conf["resolutions"] or [{k: conf.get(k) for k in ENTRY_FIELDS}]
-        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-        if not target.exists():
-            raise ResolutionRefused(f"there is no journal at {target.display} on this worker; nothing to resolve")
-        with target.open() as journal:
+        if not self.hook.exists():
+            raise ResolutionRefused(f"there is no journal at {self.hook.target.display} on this worker; nothing to resolve")
+        with self.hook.get_conn() as journal:
             if self.job_dag_ids is not None:
                 self._check_job_dags(journal, entries, numbered=bool(conf["resolutions"]))
             try:

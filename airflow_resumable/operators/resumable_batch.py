@@ -9,7 +9,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -18,27 +18,28 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowException
 
 from airflow_resumable._compat import airflow_fail_exception, store_forever
-from airflow_resumable._metrics import emit_batch_metrics
-from airflow_resumable.exceptions import ResumableError
-from airflow_resumable.hooks.journal import (
+from airflow_resumable._location import (
     RESOLVE_DAG_ID,
     STARTED_STORE_KEY,
     STATE_STORE_KEY,
     SUMMARY_XCOM_KEY,
-    JournalTarget,
     batch_job,
     default_durability,
     default_job_id,
-    journal_target,
 )
+from airflow_resumable._metrics import emit_batch_metrics
+from airflow_resumable.exceptions import ResumableError
+from airflow_resumable.hooks.journal import ResumableJournalHook
 from airflow_resumable.journal import HeldReason, StepJournal
 from airflow_resumable.journal.backend import checked_durability
 from airflow_resumable.links import ResumableJobLink
-from airflow_resumable.runner import BatchProgress, BatchResult, BatchStopped, Step, check_concurrency, run_batch
-from airflow_resumable.runner.drivers import check_progress_interval
+from airflow_resumable.runner import BatchProgress, BatchResult, BatchStopped, Step, StepFn, VerifyFn, run_batch
+from airflow_resumable.runner.drivers import check_concurrency, check_progress_interval
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+__all__ = ["HeldItemsError", "HeldItemsNeedAHumanError", "ResumableBatchOperator", "WrongWorkerError"]
 
 # A 50,000-held-item batch must still produce a small XCom.
 HELD_IN_SUMMARY = 100
@@ -76,7 +77,9 @@ class ResumableBatchOperator(BaseOperator):
     :param validate: local step ``fn(item, ctx)`` named ``validate``.
     :param transform: local step ``fn(item, ctx)`` named ``transform``.
     :param notify: the side effect ``fn(item, ctx)`` named ``notify``; return the receiver's receipt.
-    :param verify: ``verify(ctx)`` -> the receipt for ``ctx.idempotency_key`` if the receiver has it.
+    :param verify: ``verify(ctx)`` -> the receipt for ``ctx.idempotency_key`` if the receiver has it,
+        :data:`~airflow_resumable.runner.NOT_DELIVERED` if it affirms it never got it, else None.
+        (The callbacks' types: :data:`~airflow_resumable.runner.StepFn`, ``VerifyFn``.)
     :param job_id: journal key (templated). Default ``{dag_id}/{task_id}/{run_id}[/{map_index}]``:
         the same on retry and Clear (both resume); a new DAG run is a new job. An explicit one on a
         mapped task must differ per map index (``{{ ti.map_index }}`` in it): shards share it otherwise.
@@ -86,9 +89,10 @@ class ResumableBatchOperator(BaseOperator):
         task fails sending nothing (a pass on a journal that never saw the job would send every item
         again), unless ``start_afresh=True``. The journal itself is never taken from XCom.
     :param id_field: the item field holding its unique id.
-    :param journal_conn_id: an Airflow Postgres connection holding a shared journal: a retry or a
-        Clear resumes on whichever worker it lands. Wins over ``journal_path``. Default
-        ``[resumable] journal_conn_id``.
+    :param journal_conn_id: an Airflow connection holding the journal, opened through
+        :class:`~airflow_resumable.hooks.journal.ResumableJournalHook`: a Postgres one (a shared journal: a
+        retry or a Clear resumes on whichever worker it lands) or a SQLite one (a file on the worker).
+        Wins over ``journal_path``. Default ``[resumable] journal_conn_id``.
     :param journal_path: the journal file (a worker-local SQLite journal). Default
         ``[resumable] journal_path``, else ``$AIRFLOW_HOME/resumable/journal.sqlite3``. Neither is
         ever taken from ``dag_run.conf`` or XCom.
@@ -116,10 +120,10 @@ class ResumableBatchOperator(BaseOperator):
         *,
         items: Any,
         steps: Sequence[Step] | None = None,
-        validate: Callable[..., Any] | None = None,
-        transform: Callable[..., Any] | None = None,
-        notify: Callable[..., Any] | None = None,
-        verify: Callable[..., Any] | None = None,
+        validate: StepFn | None = None,
+        transform: StepFn | None = None,
+        notify: StepFn | None = None,
+        verify: VerifyFn | None = None,
         job_id: str | None = None,
         batch_task_id: str | None = None,
         id_field: str = "id",
@@ -197,16 +201,12 @@ class ResumableBatchOperator(BaseOperator):
     # -- execution ------------------------------------------------------------------------------
 
     @cached_property
-    def journal(self) -> JournalTarget:
-        """Where this task's journal is (its own settings, then the Airflow config)."""
-        return journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-
-    def _open_journal(self) -> StepJournal:
+    def hook(self) -> ResumableJournalHook:
+        """This task's journal: its own settings, then the Airflow config."""
         options: dict[str, Any] = {"durability": self.durability or default_durability()}
         if self.allow_network_filesystem is not None:  # else the config's, in the target's options
             options["allow_network_filesystem"] = self.allow_network_filesystem
-        target: StepJournal = self.journal.open(**options)
-        return target
+        return ResumableJournalHook(self.journal_conn_id, self.journal_path, **options)
 
     def _iter_items(self, context: Context) -> Iterable[Mapping[str, Any]]:
         items = self.items
@@ -242,7 +242,7 @@ class ResumableBatchOperator(BaseOperator):
             # The first try to start after the store was empty keeps its number: only a mark written by
             # try 1 proves that no earlier try ran under a state Airflow has since dropped.
             store_forever(store, STARTED_STORE_KEY, {"try": context["ti"].try_number, "host": hostname})
-        with self._open_journal() as journal:
+        with self.hook.get_conn() as journal:
             self._guard_worker(context, journal, job_id, hostname, started=started, continued_in=continued_in)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
             self._last_progress: BatchProgress | None = None

@@ -26,23 +26,18 @@ from __future__ import annotations
 
 import os
 import re
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.standard.operators.hitl import HITLOperator
 from airflow.sdk import Param
 from airflow.sdk.definitions.param import ParamsDict
 
-from airflow_resumable.hooks.journal import RESOLVE_DAG_ID, batch_job, journal_target, open_batch_journal
-from airflow_resumable.journal import (
-    DECISIONS_BY_REASON,
-    HeldReason,
-    HeldStep,
-    JournalError,
-    StaleDecisionError,
-    StepRecord,
-)
+from airflow_resumable._location import RESOLVE_DAG_ID, batch_job
+from airflow_resumable.exceptions import ResolutionRefused, StaleDecisionError
+from airflow_resumable.hooks.journal import ResumableJournalHook
+from airflow_resumable.journal import DECISIONS_BY_REASON, HeldReason, HeldStep, JournalError, StepRecord
 from airflow_resumable.journal.records import MAX_NOTE_BYTES, MAX_RECEIPT_BYTES
-from airflow_resumable.operators.resolve import ResolutionRefused
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -104,11 +99,15 @@ class ReviewHeldItemsOperator(HITLOperator):
         self.journal_path = journal_path
         self.max_items = max_items
 
+    @cached_property
+    def hook(self) -> ResumableJournalHook:
+        """The batch task's journal: this task's own settings, then the Airflow config."""
+        return ResumableJournalHook(self.journal_conn_id, self.journal_path)
+
     def execute(self, context: Context) -> Any:
         job_id, recorded_id = batch_job(context, owner=self.task_id, job_id=self.job_id,
                                         batch_task_id=self.batch_task_id)
-        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-        with open_batch_journal(target, owner=self.task_id, recorded_id=recorded_id) as journal:
+        with self.hook.batch_journal(owner=self.task_id, recorded_id=recorded_id) as journal:
             # One page of holds, however many a receiver outage left; the job's own count says how many.
             summary = journal.job(job_id)
             if summary is None:  # a mistyped job_id: "nothing held" would let the DAG go on as if reviewed
@@ -156,8 +155,7 @@ class ReviewHeldItemsOperator(HITLOperator):
                                     "which kept no versions; nothing was changed. Clear this task to review the "
                                     "current holds")
         entries = decisions_from(items, answer["params_input"] or {}, job_id)
-        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-        with open_batch_journal(target, owner=self.task_id, recorded_id=review["journal_id"]) as journal:
+        with self.hook.batch_journal(owner=self.task_id, recorded_id=review["journal_id"]) as journal:
             try:
                 done = journal.apply_decisions(entries, resolved_by=responder) if entries else []
             except StaleDecisionError as exc:

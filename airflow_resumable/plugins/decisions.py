@@ -14,15 +14,9 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel
 
-from airflow_resumable.hooks.journal import RESOLVE_DAG_ID
-from airflow_resumable.journal import (
-    DECISIONS_BY_REASON,
-    JobBusyError,
-    JobSummary,
-    NotHeldError,
-    ResolutionError,
-    StaleDecisionError,
-)
+from airflow_resumable._location import RESOLVE_DAG_ID
+from airflow_resumable.exceptions import ResolutionError, StaleDecisionError
+from airflow_resumable.journal import DECISIONS_BY_REASON, JobBusyError, JobSummary, NotHeldError
 from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH, MAX_PAGE
 from airflow_resumable.plugins.auth import Viewer, ViewerDep
 from airflow_resumable.plugins.journal_access import check_id, id_problem, open_journal, readable_job, row_dict

@@ -13,8 +13,9 @@ from typing import Any
 
 from fastapi import HTTPException
 
-from airflow_resumable.hooks.journal import journal_target
-from airflow_resumable.journal import JobSummary, JournalError, Page, PageError, Status, StepJournal, StepRecord
+from airflow_resumable._location import journal_target
+from airflow_resumable.exceptions import PageError
+from airflow_resumable.journal import JobSummary, JournalError, Page, Status, StepJournal, StepRecord
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
 from airflow_resumable.plugins.auth import Viewer

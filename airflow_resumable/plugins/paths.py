@@ -9,10 +9,9 @@ from urllib.parse import quote, urlencode
 from fastapi import Request
 
 # One home for the mount prefix and a job's path, which the task's "Resumable job" link builds too.
-from airflow_resumable.links import URL_PREFIX, job_path
+from airflow_resumable.links import URL_PREFIX
 
-__all__ = ["URL_PREFIX", "airflow_base", "app_prefix", "batch_task_path", "job_path", "resolve_path", "rows_path",
-           "with_query"]
+__all__ = ["airflow_base", "app_prefix", "batch_task_path", "resolve_path", "rows_path", "with_query"]
 
 
 def with_query(path: str, **values: Any) -> str:

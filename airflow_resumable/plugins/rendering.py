@@ -13,14 +13,13 @@ from jinja2 import Environment, PackageLoader
 from markupsafe import Markup, escape
 
 from airflow_resumable import _time
-from airflow_resumable.hooks.journal import journal_display
+from airflow_resumable._location import journal_display
+from airflow_resumable.links import URL_PREFIX, job_path
 from airflow_resumable.plugins.auth import login_url
 from airflow_resumable.plugins.paths import (
-    URL_PREFIX,
     airflow_base,
     app_prefix,
     batch_task_path,
-    job_path,
     resolve_path,
     rows_path,
     with_query,

@@ -10,9 +10,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import HTMLResponse
 
-from airflow_resumable.hooks.journal import journal_display
+from airflow_resumable._location import journal_display
 from airflow_resumable.journal import DECISIONS_BY_REASON, HeldReason, JobSummary, Page, StepJournal, StepRecord
 from airflow_resumable.journal.records import JOB_STATUSES, MAX_JOB_ID_LENGTH
+from airflow_resumable.links import job_path
 from airflow_resumable.plugins.auth import Viewer, ViewerDep
 from airflow_resumable.plugins.journal_access import (
     ROW_STATUSES,
@@ -27,7 +28,7 @@ from airflow_resumable.plugins.journal_access import (
     row_dict,
 )
 from airflow_resumable.plugins.pager import Paging, PagingDep, page_links
-from airflow_resumable.plugins.paths import app_prefix, job_path, rows_path
+from airflow_resumable.plugins.paths import app_prefix, rows_path
 from airflow_resumable.plugins.rendering import render_page
 
 router = APIRouter()
@@ -129,7 +130,7 @@ def _job_detail(job: JobSummary, held: Page[StepRecord], resolutions: list[dict[
         "job": job_dict(job),
         "held": rows, "held_total": job.held, "next": held.next_cursor,  # the next page of held steps
         "unresolved_total": job.unresolved,  # sends with an unknown outcome, not held: the job's rows
-        # As before paging: the open rows are the held ones (this page of them) and the unresolved sends.
+        # The open rows: the held ones (this page of them) and the unresolved sends.
         "open_rows": rows, "open_rows_total": job.held + job.unresolved,
         "resolutions": resolutions,
     }

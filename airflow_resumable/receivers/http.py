@@ -29,7 +29,9 @@ from airflow.providers.http.hooks.http import HttpHook
 from urllib3.exceptions import NewConnectionError
 
 from airflow_resumable.exceptions import ReceiverError, ReceiverUnreachable
-from airflow_resumable.runner import NOT_DELIVERED, StepContext, _NotDelivered
+from airflow_resumable.runner import NOT_DELIVERED, NotDelivered, StepContext
+
+__all__ = ["HttpReceiver"]
 
 # Our settings in the connection's extra. HttpHook sends every other extra field as a request header;
 # a header set to None is dropped when requests merges the session's headers into the request's.
@@ -81,8 +83,7 @@ def _receipt_in(response: requests.Response, field: str) -> str | None:
 class HttpReceiver:
     """The steps that send to, and look up on, an HTTP receiver.
 
-    (Named ``HttpNotifier`` before 0.2; that name is kept as a deprecated alias. It was easily mixed
-    up with ``airflow.providers.http.notifications.HttpNotifier``, a callback notifier.)
+    Not to be confused with ``airflow.providers.http.notifications.HttpNotifier``, a callback notifier.
 
     :param http_conn_id: Airflow HTTP connection of the receiver.
     :param endpoint: path the notification is POSTed to.
@@ -168,7 +169,7 @@ class HttpReceiver:
             raise ValueError(f"connection {self.http_conn_id!r}: extra lookup_authoritative must be true or false")
         return value
 
-    def verify(self, ctx: StepContext) -> str | _NotDelivered | None:
+    def verify(self, ctx: StepContext) -> str | NotDelivered | None:
         response = self._get.run(
             self.lookup_endpoint.format(key=ctx.idempotency_key),
             headers=_NOT_HEADERS,
@@ -190,16 +191,3 @@ class HttpReceiver:
         # cannot tell, hold - never a receipt "None".
         return _receipt_in(response, self.receipt_field)
 
-
-class HttpNotifier(HttpReceiver):
-    """Deprecated name of :class:`HttpReceiver` (not Airflow's callback ``HttpNotifier``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        import warnings
-
-        warnings.warn(
-            "airflow_resumable.receivers.http.HttpNotifier is now HttpReceiver (Airflow's http provider has a "
-            "different HttpNotifier); the old name will go away",
-            DeprecationWarning, stacklevel=2,
-        )
-        super().__init__(*args, **kwargs)

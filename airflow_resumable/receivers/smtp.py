@@ -45,10 +45,12 @@ from airflow.providers.smtp.hooks.smtp import SmtpHook
 
 from airflow_resumable._compat import airflow_fail_exception
 from airflow_resumable.exceptions import ArchiveError, MailNotSent, MailOutcomeUnknown
-from airflow_resumable.runner import NOT_DELIVERED, InvalidItemError, StepContext, _NotDelivered
+from airflow_resumable.runner import NOT_DELIVERED, InvalidItemError, NotDelivered, StepContext
 
 if TYPE_CHECKING:
     import imaplib
+
+__all__ = ["InvalidMessage", "MailRejected", "SmtpReceiver"]
 
 # A field of the message: a ``str.format`` template over the item's fields ("Invoice {id}"), or a
 # callable ``fn(item, ctx)`` returning the text (``ctx.outputs`` holds the item's earlier steps' outputs).
@@ -382,7 +384,7 @@ class SmtpReceiver:
         return _flag(extra.get("archive_authoritative", False),
                      f"connection {self.imap_conn_id!r}: extra archive_authoritative")
 
-    def verify(self, ctx: StepContext) -> str | _NotDelivered | None:
+    def verify(self, ctx: StepContext) -> str | NotDelivered | None:
         if self.imap_conn_id is None:
             return None  # no archive to ask: cannot tell, the runner holds it for a human
         from airflow.providers.imap.hooks.imap import ImapHook  # the email extra; only verify needs it

@@ -21,15 +21,15 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from airflow_resumable.exceptions import BatchStopped, InvalidItemError, InvalidStepOutputError, NotSentError
+from airflow_resumable.exceptions import (
+    BatchStopped,
+    InvalidItemError,
+    NotSentError,
+)
 from airflow_resumable.journal import HeldStep, StepJournal
 from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH
-from airflow_resumable.runner.batch import CHUNK_SIZE as CHUNK_SIZE
-from airflow_resumable.runner.batch import MAX_OUTPUT_BYTES as MAX_OUTPUT_BYTES
 from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepare, _room_for_item_ids
-from airflow_resumable.runner.decisions import Action as Action
-from airflow_resumable.runner.decisions import decide as decide
-from airflow_resumable.runner.drivers import MAX_CONCURRENCY as MAX_CONCURRENCY
+from airflow_resumable.runner.decisions import Action, decide
 from airflow_resumable.runner.drivers import (
     _check_stop,
     _Concurrent,
@@ -38,33 +38,28 @@ from airflow_resumable.runner.drivers import (
     check_progress_interval,
 )
 from airflow_resumable.runner.results import BatchProgress, BatchResult
-from airflow_resumable.runner.steps import NOT_DELIVERED, Step, StepContext, _check_steps, canonical_digest, idempotency_key
-from airflow_resumable.runner.steps import StepFn as StepFn
-from airflow_resumable.runner.steps import VerifyFn as VerifyFn
-from airflow_resumable.runner.steps import _NotDelivered as _NotDelivered
-from airflow_resumable.runner.verify import VERIFY_RESOLVER as VERIFY_RESOLVER
+from airflow_resumable.runner.steps import (
+    NOT_DELIVERED,
+    NotDelivered,
+    Step,
+    StepContext,
+    StepFn,
+    VerifyFn,
+    _check_steps,
+    canonical_digest,
+    idempotency_key,
+)
 from airflow_resumable.runner.verify import verify_held
 
-# The star-import API. The "X as X" imports above are importable from here too, as they were before
-# the runner became a package (the operator, the receivers and the tests use them).
+# The runner's public names. The errors a step raises or a run ends with, and HeldStep (what a run
+# reports held), are importable from here too; every other error is in airflow_resumable.exceptions.
 __all__ = [
-    "BatchProgress",
-    "BatchStopped",
-    "BatchResult",
-    "HeldStep",
-    "InvalidItemError",
-    "InvalidStepOutputError",
-    "NOT_DELIVERED",
-    "NotSentError",
-    "Step",
-    "StepContext",
-    "canonical_digest",
-    "idempotency_key",
-    "run_batch",
-    "verify_held",
+    "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Step", "StepContext", "StepFn",
+    "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
+    "BatchStopped", "HeldStep", "InvalidItemError", "NotSentError",
 ]
 
-# The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
+# One logger for every part of the runner (airflow_resumable.runner): one name for a user to configure.
 log = logging.getLogger(__name__)
 
 

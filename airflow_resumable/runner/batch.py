@@ -21,10 +21,10 @@ from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH
 from airflow_resumable.runner.decisions import HOLD_CHANGED, SKIP, VERIFY, decide
 from airflow_resumable.runner.results import BatchResult
-from airflow_resumable.runner.steps import _COMPACT, Step, StepContext, _NotDelivered, canonical_digest
+from airflow_resumable.runner.steps import _COMPACT, NotDelivered, Step, StepContext, canonical_digest
 from airflow_resumable.runner.verify import _ask_receiver
 
-# The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
+# One logger for every part of the runner (airflow_resumable.runner): one name for a user to configure.
 log = logging.getLogger(__package__)
 
 MAX_OUTPUT_BYTES = 64 * 1024
@@ -224,7 +224,7 @@ class _Batch:
                                             0 if row is None else row.generation)
             if action == VERIFY:
                 receipt = _ask_receiver(step.verify, ctx)
-                if isinstance(receipt, _NotDelivered):
+                if isinstance(receipt, NotDelivered):
                     assert row is not None
                     # The receiver affirms it never got this key: the send is made now, once. The
                     # audit row commits with the send's IN_FLIGHT mark, before the send (drivers._commit_marks).

@@ -21,7 +21,7 @@ from airflow_resumable.journal import JobRun, StepState
 from airflow_resumable.runner.batch import ItemSteps, _Batch, _call, _Outcome, _Prepared, _Send
 from airflow_resumable.runner.verify import VERIFY_RESOLVER
 
-# The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
+# One logger for every part of the runner (airflow_resumable.runner): one name for a user to configure.
 log = logging.getLogger(__package__)
 
 

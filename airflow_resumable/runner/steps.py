@@ -58,16 +58,16 @@ class StepContext:
         return f"StepContext(job_id={self.job_id!r}, item_id={self.item_id!r}, step={self.step!r})"
 
 
-class _NotDelivered:
-    """The type of :data:`NOT_DELIVERED` (one instance)."""
+class NotDelivered:
+    """The type of :data:`NOT_DELIVERED` (one instance): what a ``verify`` function's return type names."""
 
-    # Pickled by name, as airflow_resumable.runner.NOT_DELIVERED - the path every release has had - so
-    # a pickle one release makes loads in another.
+    # Pickled by name, as airflow_resumable.runner.NOT_DELIVERED (its one public path), so a pickle one
+    # release makes loads in another.
     __module__ = "airflow_resumable.runner"
 
-    _instance: _NotDelivered | None = None
+    _instance: NotDelivered | None = None
 
-    def __new__(cls) -> _NotDelivered:
+    def __new__(cls) -> NotDelivered:
         if cls._instance is None:
             cls._instance = super().__new__(cls)
         return cls._instance
@@ -79,14 +79,16 @@ class _NotDelivered:
         return "NOT_DELIVERED"
 
 
-NOT_DELIVERED = _NotDelivered()
+NOT_DELIVERED = NotDelivered()
 """What ``verify`` returns when the receiver *affirms* it has no record of ``ctx.idempotency_key``
 (not merely "cannot tell"): the send is made now, once, and the settlement is audited (resolved_by
 ``verify``). Return it only if the receiver's look-up is authoritative: one that records
 asynchronously may not know yet of a send it already has."""
 
 StepFn = Callable[[Mapping[str, Any], StepContext], Any]
-VerifyFn = Callable[[StepContext], "str | _NotDelivered | None"]
+"""A step's function: ``fn(item, ctx)``, returning what is recorded (JSON, at most 64 KiB)."""
+VerifyFn = Callable[[StepContext], "str | NotDelivered | None"]
+"""A side-effect step's look-up: ``verify(ctx)`` -> the receipt, :data:`NOT_DELIVERED`, or None."""
 
 
 @dataclass(frozen=True)

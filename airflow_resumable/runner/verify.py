@@ -9,19 +9,20 @@ from __future__ import annotations
 
 import logging
 
-from airflow_resumable.journal import HeldReason, HeldStep, ResolutionError, Status, StepJournal
+from airflow_resumable.exceptions import ResolutionError
+from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
 from airflow_resumable.journal.checks import check_text
 from airflow_resumable.journal.records import MAX_RECEIPT_BYTES
-from airflow_resumable.runner.steps import NOT_DELIVERED, StepContext, VerifyFn, _NotDelivered, idempotency_key
+from airflow_resumable.runner.steps import NOT_DELIVERED, NotDelivered, StepContext, VerifyFn, idempotency_key
 
-# The runner's one logger, named after the package (airflow_resumable.runner) as before it was split.
+# One logger for every part of the runner (airflow_resumable.runner): one name for a user to configure.
 log = logging.getLogger(__package__)
 
 # resolved_by of the audit rows the runner writes when verify settles a send by itself.
 VERIFY_RESOLVER = "verify"
 
 
-def _ask_receiver(verify: VerifyFn | None, ctx: StepContext) -> str | _NotDelivered | None:
+def _ask_receiver(verify: VerifyFn | None, ctx: StepContext) -> str | NotDelivered | None:
     """What ``verify`` says of a send: its receipt, NOT_DELIVERED, or None (cannot tell: there is no
     verify function, it raised, or it answered no receipt the journal could keep as one).
 
@@ -86,7 +87,7 @@ def verify_held(
             receipt = _ask_receiver(verify, ctx)
             if receipt is None:
                 continue
-            if isinstance(receipt, _NotDelivered):
+            if isinstance(receipt, NotDelivered):
                 journal.resolve(job_id, row.item_id, row.step, delivered=False, resolved_by=resolved_by,
                                 note="the receiver's look-up has no record of this key; the next run sends it once",
                                 expected_version=row.version)

@@ -5,17 +5,21 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Sequence
 from datetime import timedelta
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
-from airflow_resumable.hooks.journal import JournalTarget, batch_job, journal_target, open_batch_journal
+from airflow_resumable._location import JournalTarget, batch_job
+from airflow_resumable.hooks.journal import ResumableJournalHook
 from airflow_resumable.journal import JobBusyError
 from airflow_resumable.runner import verify_held
 from airflow_resumable.triggers.held_items import HeldItemTrigger, job_settled
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
+
+__all__ = ["HeldItemSensor"]
 
 
 class HeldItemSensor(BaseSensorOperator):
@@ -74,19 +78,23 @@ class HeldItemSensor(BaseSensorOperator):
         self.journal_path = journal_path
         self.verify = verify
 
-    def _target(self, context: Context) -> tuple[str, JournalTarget, str | None]:
-        """The job, this sensor's journal, and the journal id the batch task's summary recorded."""
-        target = journal_target(conn_id=self.journal_conn_id, path=self.journal_path)
-        job_id, recorded = batch_job(context, owner=self.task_id, job_id=self.job_id, batch_task_id=self.batch_task_id)
-        return job_id, target, recorded
+    @cached_property
+    def hook(self) -> ResumableJournalHook:
+        """The batch task's journal: this sensor's own settings, then the Airflow config."""
+        return ResumableJournalHook(self.journal_conn_id, self.journal_path)
+
+    def _job(self, context: Context) -> tuple[str, str | None]:
+        """The job, and the journal id the batch task's summary recorded."""
+        return batch_job(context, owner=self.task_id, job_id=self.job_id, batch_task_id=self.batch_task_id)
 
     def execute(self, context: Context) -> Any:
         if self.deferrable is False:  # reschedule mode: poke() finds the journal itself
             return super().execute(context)
-        job_id, target, recorded_id = self._target(context)
+        job_id, recorded_id = self._job(context)
+        target = self.hook.target
         if not self._defers(target) or target.conn_id is None:
             return super().execute(context)
-        journal_id = self._check(job_id, target, recorded_id)
+        journal_id = self._check(job_id, recorded_id)
         if journal_id is None:
             return None
         self.defer(
@@ -119,11 +127,11 @@ class HeldItemSensor(BaseSensorOperator):
         self.log.info("Job %s has nothing held or unresolved", event.get("job_id"))
 
     def poke(self, context: Context) -> bool:
-        return self._check(*self._target(context)) is None
+        return self._check(*self._job(context)) is None
 
-    def _check(self, job_id: str, target: JournalTarget, recorded_id: str | None) -> str | None:
+    def _check(self, job_id: str, recorded_id: str | None) -> str | None:
         """None once the job is settled; else the id of the journal that holds it."""
-        with open_batch_journal(target, owner=self.task_id, recorded_id=recorded_id) as journal:
+        with self.hook.batch_journal(owner=self.task_id, recorded_id=recorded_id) as journal:
             job = journal.job(job_id) if self.verify is not None else None
             if job is not None and not job.settled:  # something for verify to ask the receiver about
                 try:

@@ -15,6 +15,8 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+__all__ = ["HeldItemTrigger"]
+
 
 def job_settled(journal: Any, job_id: str, log: Any) -> bool:
     """Whether job ``job_id`` has nothing held or unresolved, said in the log either way (the sensor's
@@ -56,9 +58,9 @@ class HeldItemTrigger(BaseTrigger):
 
     def _check(self) -> dict[str, Any] | None:
         """One poll: an event to fire, or None to wait on. Raises JournalError/OSError on a failed read."""
-        from airflow_resumable.hooks.journal import journal_target
+        from airflow_resumable.hooks.journal import ResumableJournalHook
 
-        with journal_target(conn_id=self.journal_conn_id).open() as journal:
+        with ResumableJournalHook(self.journal_conn_id).get_conn() as journal:
             if journal.journal_id != self.journal_id:
                 return {"status": "error", "message": (
                     f"connection {self.journal_conn_id!r} now reaches another journal than the one the sensor "
@@ -70,7 +72,7 @@ class HeldItemTrigger(BaseTrigger):
             return {"status": "settled", "job_id": self.job_id} if settled else None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_resumable.hooks.journal import JournalConfigError
+        from airflow_resumable._location import JournalConfigError
         from airflow_resumable.journal import JournalError
 
         while True:

@@ -514,7 +514,7 @@ def journal_state(location, job_id: str) -> tuple:
 
 
 def test_the_resolve_task_decides_on_the_version_it_is_given(journal_location, monkeypatch):
-    from airflow_resumable.operators.resolve import ResolutionRefused
+    from airflow_resumable.exceptions import ResolutionRefused
 
     seen_a = held_again(journal_location)
     now = current_versions(journal_location)
@@ -537,7 +537,7 @@ def test_the_resolve_task_decides_on_the_version_it_is_given(journal_location, m
 def test_a_conf_field_the_resolve_dag_does_not_know_is_refused_not_dropped(journal_location, monkeypatch, field):
     """A version given under the API's name (expected_version) was dropped: the decision on what a person
     saw became unconditional and was applied to a row held since."""
-    from airflow_resumable.operators.resolve import ResolutionRefused
+    from airflow_resumable.exceptions import ResolutionRefused
 
     seen_a = held_again(journal_location)
     before = journal_state(journal_location, "j")
@@ -565,7 +565,7 @@ def test_a_conf_field_the_resolve_dag_does_not_know_is_refused_not_dropped(journ
 def test_bad_text_in_a_resolution_fails_the_resolve_task_naming_the_entry_and_changes_nothing(
     journal_location, monkeypatch, field, value, message,
 ):
-    from airflow_resumable.operators.resolve import ResolutionRefused
+    from airflow_resumable.exceptions import ResolutionRefused
     from tests.scenario import held_job
 
     held_job(journal_location, "j", "a")
@@ -633,7 +633,8 @@ def test_sigterm_starts_no_new_send_and_a_clear_resumes_the_unfinished_job(airfl
 def test_a_team_resolve_dag_settles_jobs_by_their_recorded_dag_not_their_id(journal_location, monkeypatch):
     """job_dag_ids=["reports"] may not settle "reports/2026-12-05" when DAG payments ran it (a custom
     job_id), nor a job with no recorded DAG; job_dag_ids=["payments"] may."""
-    from airflow_resumable.operators.resolve import ResolutionRefused, ResolveOperator, resolve_held_item_dag
+    from airflow_resumable.exceptions import ResolutionRefused
+    from airflow_resumable.operators.resolve import ResolveOperator, resolve_held_item_dag
     from tests.airflow_layer.test_sensor_journal import journal_arguments
 
     def lost(item, ctx):

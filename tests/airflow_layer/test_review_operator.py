@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 import pytest
 
+from airflow_resumable.exceptions import ResolutionRefused
 from airflow_resumable.journal import HeldReason, HeldStep, StepJournal
-from airflow_resumable.operators.resolve import ResolutionRefused
 from airflow_resumable.operators.review import (
     APPLY,
     LEAVE,

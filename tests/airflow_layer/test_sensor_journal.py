@@ -216,8 +216,8 @@ def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, 
     batch task, the sensor and the CLI all open it (the sensor refused a journal its batch task used)."""
     import subprocess
 
+    from airflow_resumable._location import journal_target
     from airflow_resumable.exceptions import JournalConfigError
-    from airflow_resumable.hooks.journal import journal_target
     from airflow_resumable.journal import JournalLocationError
     from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
     from tests.backends import snapshot
@@ -234,7 +234,7 @@ def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, 
 
     monkeypatch.setenv("AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM", "True")
     batch = ResumableBatchOperator(task_id="send", items=[], notify=lambda item, ctx: "ok")
-    with batch._open_journal() as journal:
+    with batch.hook.get_conn() as journal:
         run_batch(journal, JOB, [{"id": "a"}], [Step("send", lambda item, ctx: "ok", side_effect=True)])
     assert sensor.poke({"ti": CraftedTI({})}) is True
     listed = subprocess.run([CLI, "jobs", "--json"], capture_output=True, text=True, timeout=60)
@@ -244,10 +244,11 @@ def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, 
     refusing = ResumableBatchOperator(task_id="strict", items=[], notify=lambda item, ctx: "ok",
                                       allow_network_filesystem=False)
     with pytest.raises(JournalLocationError, match="cloud-sync"):
-        refusing._open_journal()
+        refusing.hook.get_conn()
 
     before = snapshot(str(path))
     monkeypatch.setenv("AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM", "maybe")
+    sensor = HeldItemSensor(task_id="wait", job_id=JOB)  # a poke in reschedule mode: a new task try
     with pytest.raises(JournalConfigError, match="allow_network_filesystem must be true or false, not 'maybe'"):
         sensor.poke({"ti": CraftedTI({})})
     refused = subprocess.run([CLI, "jobs"], capture_output=True, text=True, timeout=60)

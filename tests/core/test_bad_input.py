@@ -9,23 +9,10 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable import runner as runner_mod
-from airflow_resumable.journal import (
-    HeldReason,
-    HeldStep,
-    NotHeldError,
-    ResolutionError,
-    Status,
-    StepJournal,
-)
-from airflow_resumable.runner import (
-    InvalidItemError,
-    InvalidStepOutputError,
-    Step,
-    StepContext,
-    idempotency_key,
-    run_batch,
-)
+from airflow_resumable.exceptions import InvalidStepOutputError, ResolutionError
+from airflow_resumable.journal import HeldReason, HeldStep, NotHeldError, Status, StepJournal
+from airflow_resumable.runner import InvalidItemError, Step, StepContext, canonical_digest, idempotency_key, run_batch
+from airflow_resumable.runner.batch import CHUNK_SIZE
 from tests.backends import snapshot
 
 JOB = "bad-input/job"
@@ -273,7 +260,7 @@ def test_integer_and_string_forms_of_one_id_are_the_same_id(journal, journal_pat
 
 def test_duplicate_across_a_chunk_boundary(journal, journal_path):
     """The first chunk is processed; the duplicate (and the rest of its chunk) is never touched."""
-    size = runner_mod.CHUNK_SIZE
+    size = CHUNK_SIZE
     assert size == 500
     rec = Recorder()
     first = [{"id": f"i{n:04d}", "v": n} for n in range(size)]
@@ -292,7 +279,7 @@ def test_duplicate_across_a_chunk_boundary(journal, journal_path):
     assert all(r.status == Status.SUCCEEDED and r.attempts == 1 and r.held_reason is None for r in rows)
     # The duplicate carried another payload: had it been looked at, i0003 would be held input_changed.
     assert journal.held(JOB) == []
-    assert {r.digest for r in journal.rows(JOB, "i0003")} == {runner_mod.canonical_digest(first[3])}
+    assert {r.digest for r in journal.rows(JOB, "i0003")} == {canonical_digest(first[3])}
 
     # Resuming without the duplicate completes the job without sending anything again.
     rec.calls.clear()
@@ -303,7 +290,7 @@ def test_duplicate_across_a_chunk_boundary(journal, journal_path):
 
 
 def test_duplicate_across_chunks_of_a_generator(journal, journal_path):
-    size = runner_mod.CHUNK_SIZE
+    size = CHUNK_SIZE
     rec = Recorder()
     def items():
         for n in range(size):

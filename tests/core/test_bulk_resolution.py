@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from airflow_resumable.journal import NotHeldError, ResolutionError, StepJournal
+from airflow_resumable.exceptions import ResolutionError
+from airflow_resumable.journal import NotHeldError, StepJournal
 from airflow_resumable.runner import Step, idempotency_key, run_batch
 from tests import backends
 from tests.faces.test_cli import cli, snapshot

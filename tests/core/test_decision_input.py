@@ -17,7 +17,7 @@ from airflow_resumable.decision_input import (
     read_decisions,
     short_version,
 )
-from airflow_resumable.journal import ResolutionError
+from airflow_resumable.exceptions import ResolutionError
 from airflow_resumable.journal.records import version_matches
 
 BOM = b"\xef\xbb\xbf"

@@ -48,7 +48,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from airflow_resumable.journal import HeldReason, HeldStep, StaleDecisionError, Status, StepJournal
+from airflow_resumable.exceptions import StaleDecisionError
+from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
 from airflow_resumable.runner import (
     NOT_DELIVERED,
     NotSentError,
@@ -256,7 +257,7 @@ class Model:
                         self._set(key, replace(row, held=None, new_digest=None))
                     out.skipped += 1
                     continue
-                not_sent = row is not None and row.not_sent and row.status == "FAILED"  # §9: send it
+                not_sent = row is not None and row.not_sent and row.status == "FAILED"  # provably not sent: send it
                 if row is not None and SIDE_EFFECT[name] and not not_sent:  # rule 4: never send again; verify or hold
                     if self.world.with_verify and self.world.receiver.lookup(self._key(item_id, name)):
                         self._set(key, replace(row, status="SUCCEEDED", held=None, new_digest=None))

@@ -1,75 +1,184 @@
-"""Every documented name of the core imports from the path the documentation gives, and every error
-the provider raises on purpose is one class under one root, whichever of its import paths a caller
-uses (the Airflow layer's names: tests/airflow_layer/test_public_api_airflow.py)."""
+"""One import path per public name: the public modules export exactly the names pinned here, a name is
+exported by one of them (or, where the journal's and the runner's faces carry it too, by the ones listed
+in SECOND_PATHS), no module re-exports what another defines, and no module stands in for another.
+
+Read from the sources (no import), so it runs where Airflow is not installed; that each name imports is
+checked too (the core's here, the Airflow layer's in tests/airflow_layer/test_public_api_airflow.py)."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import subprocess
 import sys
-import warnings
+from pathlib import Path
 
 import pytest
 
-# The documented import paths and the names callers rely on at each.
-CORE_NAMES = {
-    "airflow_resumable": ["ResumableError"],
-    "airflow_resumable.journal": [
-        "StepJournal", "JournalError", "JobBusyError", "JobPrunedError", "JournalLocationError",
-        "JournalCorruptError", "JournalDiskFullError", "JournalVersionError", "JournalConnectionError",
-        "NotHeldError", "ResolutionError", "StaleDecisionError", "PageError", "Page", "HeldStep",
-        "JobSummary", "StepRecord", "Resolution", "Status", "HeldReason", "DECISIONS", "SCHEMA_VERSION",
-        "migrate",
-    ],
-    "airflow_resumable.runner": [
-        "Step", "StepContext", "BatchResult", "HeldStep", "run_batch", "verify_held", "InvalidItemError",
-        "InvalidStepOutputError", "NotSentError", "BatchStopped", "NOT_DELIVERED", "canonical_digest",
-        "idempotency_key", "BatchProgress", "decide", "Action",
-    ],
-    "airflow_resumable.errors": ["ResumableError"],
-    "airflow_resumable.journal.errors": [
-        "JournalError", "JobBusyError", "NotHeldError", "ResolutionError", "StaleDecisionError", "PageError",
-    ],
+PACKAGE = Path(__file__).resolve().parents[2] / "airflow_resumable"
+
+# The public modules and the names each exports (its __all__). A new public name is added here.
+PUBLIC_API = {
+    "airflow_resumable": {"__version__"},
+    "airflow_resumable.exceptions": {
+        "ArchiveError", "BatchStopped", "DecisionInputError", "DurationError", "InvalidItemError",
+        "InvalidStepOutputError", "JobBusyError", "JobPrunedError", "JournalConfigError", "JournalConnectionError",
+        "JournalCorruptError", "JournalDiskFullError", "JournalError", "JournalLocationError", "JournalVersionError",
+        "MailNotSent", "MailOutcomeUnknown", "NotHeldError", "NotSentError", "OutcomeUnknownError", "PageError",
+        "ReceiverError", "ReceiverUnreachable", "ResolutionError", "ResolutionRefused", "ResumableError",
+        "StaleDecisionError",
+    },
+    "airflow_resumable.journal": {
+        "DECISIONS", "DECISIONS_BY_REASON", "HeldReason", "HeldStep", "JOB_STATUSES", "JobRun", "JobSummary",
+        "Page", "Resolution", "SCHEMA_VERSION", "Status", "StepJournal", "StepRecord", "StepState",
+        "is_postgres_url", "migrate",
+        "JobBusyError", "JournalError", "JournalLocationError", "NotHeldError",
+    },
+    "airflow_resumable.runner": {
+        "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Step", "StepContext", "StepFn",
+        "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
+        "BatchStopped", "HeldStep", "InvalidItemError", "NotSentError",
+    },
+    "airflow_resumable.cli": {"main"},
+    "airflow_resumable.hooks.journal": {"ResumableJournalHook"},
+    "airflow_resumable.operators.resumable_batch": {
+        "HeldItemsError", "HeldItemsNeedAHumanError", "ResumableBatchOperator", "WrongWorkerError",
+    },
+    "airflow_resumable.operators.resolve": {"ResolveOperator", "resolve_held_item_dag"},
+    "airflow_resumable.operators.review": {"APPLY", "LEAVE", "LEAVE_HELD", "ReviewHeldItemsOperator"},
+    "airflow_resumable.sensors.held_items": {"HeldItemSensor"},
+    "airflow_resumable.triggers.held_items": {"HeldItemTrigger"},
+    "airflow_resumable.receivers.http": {"HttpReceiver"},
+    "airflow_resumable.receivers.smtp": {"InvalidMessage", "MailRejected", "SmtpReceiver"},
 }
 
+# The names a package's face exports besides their home, because the journal's and the runner's
+# contracts name them there: what a caller of the journal catches, and what a step raises or a run holds.
+SECOND_PATHS = {
+    "airflow_resumable.journal": {"JobBusyError", "JournalError", "JournalLocationError", "NotHeldError"},
+    "airflow_resumable.runner": {"BatchStopped", "HeldStep", "InvalidItemError", "NotSentError"},
+}
 
-def _import(module: str):
-    # The old receiver paths warn that they are deprecated: asserted below, not wanted here.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return importlib.import_module(module)
-
-
-@pytest.mark.parametrize("module", sorted(CORE_NAMES))
-def test_the_cores_documented_names_import_from_their_documented_paths(module):
-    imported = _import(module)
-    missing = [name for name in CORE_NAMES[module] if not hasattr(imported, name)]
-    assert not missing, f"{module} lacks {missing}"
+CORE_MODULES = ("airflow_resumable", "airflow_resumable.exceptions", "airflow_resumable.journal",
+                "airflow_resumable.runner", "airflow_resumable.cli")
 
 
-def _error_names(names: dict[str, list[str]]) -> list[tuple[str, str]]:
-    return [(module, name) for module, listed in sorted(names.items()) for name in listed
-            if name.endswith(("Error", "Unreachable", "NotSent", "Unknown", "Refused", "Stopped", "Rejected",
-                              "Message"))]
+class Module:
+    """A module of the package, read from its source."""
+
+    def __init__(self, path: Path) -> None:
+        relative = path.relative_to(PACKAGE.parent).with_suffix("")
+        parts = relative.parts[:-1] if relative.name == "__init__" else relative.parts
+        self.name = ".".join(parts)
+        self.is_package = relative.name == "__init__"
+        self.tree = ast.parse(path.read_text(), str(path))
+        self.all: list[str] | None = None
+        self.defined: set[str] = set()
+        self.imported: dict[str, str] = {}  # name -> the module it is imported from
+        for node in self.tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                self.defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names = [n for t in targets for n in (t.elts if isinstance(t, ast.Tuple) else [t])]
+                for target in names:
+                    if isinstance(target, ast.Name):
+                        self.defined.add(target.id)
+                        if target.id == "__all__":
+                            self.all = list(ast.literal_eval(node.value))  # type: ignore[arg-type]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name] = node.module
+
+    def swaps_itself(self) -> bool:
+        """Whether it puts another module in its own place in sys.modules (an alias module)."""
+        return any(isinstance(n, ast.Subscript) and ast.unparse(n.value) == "sys.modules"
+                   and isinstance(n.ctx, ast.Store) for n in ast.walk(self.tree))
 
 
-def _check_one_class_under_one_root(module: str, name: str) -> None:
-    from airflow_resumable.exceptions import ResumableError
+MODULES = {m.name: m for m in (Module(p) for p in sorted(PACKAGE.rglob("*.py")))}
+
+
+def test_each_public_module_exports_exactly_its_pinned_names():
+    for name, names in PUBLIC_API.items():
+        module = MODULES[name]
+        assert module.all is not None, f"{name} has no __all__"
+        assert set(module.all) == names, (
+            f"{name}.__all__ differs from the pinned surface: added {sorted(set(module.all) - names)}, "
+            f"removed {sorted(names - set(module.all))}; a public name has one path (update PUBLIC_API on purpose)"
+        )
+
+
+def test_no_public_name_has_a_second_path():
+    """A package's parts may list what they define (a face imports it from them); among the public
+    modules, each name is exported once."""
+    paths: dict[str, list[str]] = {}
+    for name in PUBLIC_API:
+        for exported in MODULES[name].all or ():
+            if exported != "__version__" and exported not in SECOND_PATHS.get(name, ()):
+                paths.setdefault(exported, []).append(name)
+    doubles = {name: where for name, where in paths.items() if len(where) > 1}
+    assert not doubles, f"names exported by more than one module: {doubles}"
+
+
+def test_a_module_exports_what_it_defines_or_what_its_own_parts_define():
+    """No re-export lists: a name in __all__ is defined in the module, or (a package's face) in one of
+    its own parts, or is one of SECOND_PATHS."""
+    for name, module in MODULES.items():
+        for exported in module.all or ():
+            if exported in module.defined or exported in SECOND_PATHS.get(name, ()):
+                continue
+            source = module.imported.get(exported)
+            assert source is not None, f"{name}.__all__ names {exported!r}, which it neither defines nor imports"
+            assert module.is_package and source.startswith(name + "."), (
+                f"{name} re-exports {exported!r} from {source}: import it from there")
+
+
+def test_no_module_stands_in_for_another():
+    assert not [name for name, module in MODULES.items() if module.swaps_itself()]
+
+
+def test_the_modules_kept_only_for_old_names_are_gone():
+    gone = ("airflow_resumable._airflow", "airflow_resumable.errors", "airflow_resumable.notifiers",
+            "airflow_resumable.journal.errors", "airflow_resumable.plugins.ui")
+    assert not [name for name in gone if name in MODULES]
+    assert "HttpNotifier" not in MODULES["airflow_resumable.receivers.http"].defined
+
+
+def test_the_core_names_import_from_their_paths():
+    for name in CORE_MODULES:
+        module = importlib.import_module(name)
+        missing = [exported for exported in PUBLIC_API[name] if not hasattr(module, exported)]
+        assert not missing, f"{name} lacks {missing}"
+
+
+def test_a_second_path_is_the_same_object_as_the_first():
+    exceptions = importlib.import_module("airflow_resumable.exceptions")
+    journal = importlib.import_module("airflow_resumable.journal")
+    for face, names in SECOND_PATHS.items():
+        module = importlib.import_module(face)
+        for name in names:
+            home = exceptions if hasattr(exceptions, name) else journal
+            assert getattr(module, name) is getattr(home, name), f"{face}.{name}"
+
+
+def test_every_error_is_under_the_one_root():
+    from airflow_resumable.exceptions import NotSentError, OutcomeUnknownError, ResumableError
 
     exceptions = importlib.import_module("airflow_resumable.exceptions")
-    cls = getattr(_import(module), name)
-    assert getattr(exceptions, name) is cls, f"{module}.{name} is not airflow_resumable.exceptions.{name}"
-    assert issubclass(cls, ResumableError), f"{name} is not a ResumableError"
+    for name in PUBLIC_API["airflow_resumable.exceptions"]:
+        assert issubclass(getattr(exceptions, name), ResumableError), name
+    # A send's error says which of the two it is: sent again unasked, or asked about first.
+    from airflow_resumable.exceptions import MailNotSent, MailOutcomeUnknown, ReceiverError, ReceiverUnreachable
+
+    assert issubclass(ReceiverUnreachable, NotSentError) and issubclass(MailNotSent, NotSentError)
+    assert issubclass(ReceiverError, OutcomeUnknownError) and issubclass(MailOutcomeUnknown, OutcomeUnknownError)
+    assert not issubclass(OutcomeUnknownError, NotSentError) and not issubclass(NotSentError, OutcomeUnknownError)
 
 
-@pytest.mark.parametrize(("module", "name"), _error_names(CORE_NAMES))
-def test_each_core_error_is_one_class_in_exceptions_under_resumable_error(module, name):
-    _check_one_class_under_one_root(module, name)
-
-
-def test_the_exceptions_module_imports_nothing_from_airflow():
+def test_the_core_imports_nothing_from_airflow():
     # A fresh interpreter: this one may have Airflow loaded by other tests.
-    code = ("import sys, airflow_resumable.exceptions as e, airflow_resumable.journal, airflow_resumable.runner; "
+    code = (f"import sys; [__import__(m) for m in {CORE_MODULES!r}]; import airflow_resumable._location; "
             "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]", out
@@ -86,7 +195,21 @@ def test_errors_are_built_with_their_fields():
     assert (not_sent.stage, not_sent.cause) == ("DATA", "ConnectionResetError")
 
 
-def test_an_unknown_name_is_an_attribute_error():
-    exceptions = importlib.import_module("airflow_resumable.exceptions")
-    with pytest.raises(AttributeError, match="NoSuchError"):
-        exceptions.NoSuchError  # noqa: B018
+@pytest.mark.parametrize("mutation", ["second path", "re-export"])
+def test_the_checks_above_catch_a_name_gaining_a_second_path(tmp_path, monkeypatch, mutation):
+    """The rules fail on a package like ours with one more path: a face exporting a name from another
+    package, or a part re-exporting a name another part defines."""
+    runner = MODULES["airflow_resumable.runner"]
+    changed = Module.__new__(Module)
+    changed.__dict__.update(runner.__dict__)
+    if mutation == "second path":
+        changed.all = [*runner.all, "JobPrunedError"]
+        changed.imported = {**runner.imported, "JobPrunedError": "airflow_resumable.exceptions"}
+    else:
+        changed.all = [*runner.all, "StepJournal"]
+        changed.imported = {**runner.imported, "StepJournal": "airflow_resumable.journal"}
+    monkeypatch.setitem(MODULES, "airflow_resumable.runner", changed)
+    for check in (test_a_module_exports_what_it_defines_or_what_its_own_parts_define,
+                  test_each_public_module_exports_exactly_its_pinned_names, test_no_public_name_has_a_second_path):
+        with pytest.raises(AssertionError):
+            check()

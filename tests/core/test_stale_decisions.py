@@ -21,15 +21,8 @@ from typing import Any
 import pytest
 
 from airflow_resumable.demo_receiver import serve
-from airflow_resumable.journal import (
-    HeldReason,
-    HeldStep,
-    Resolution,
-    StaleDecisionError,
-    Status,
-    StepJournal,
-    StepRecord,
-)
+from airflow_resumable.exceptions import StaleDecisionError
+from airflow_resumable.journal import HeldReason, HeldStep, Resolution, Status, StepJournal, StepRecord
 from airflow_resumable.runner import NOT_DELIVERED, BatchStopped, Step, StepContext, idempotency_key, run_batch
 from tests.crash_child import (
     EXIT_COMPLETED,

@@ -59,6 +59,7 @@ def test_wheel_holds_templates_example_dags_license_and_provider_metadata(dist):
         metadata = zf.read(f"{info}/METADATA").decode()
     assert {f"airflow_resumable/plugins/templates/{t}" for t in TEMPLATES} <= names
     assert {f"airflow_provider_resumable/example_dags/{e}" for e in EXAMPLES} <= names
+    assert "airflow_resumable/py.typed" in names  # a DAG author's type checker reads the package's hints
     assert f"{info}/licenses/LICENSE" in names
     assert not any(n.startswith(("tests/", "demo/", "benchmarks/", "dags/")) for n in names), sorted(names)
     assert "provider_info = airflow_resumable.get_provider_info:get_provider_info" in entry_points

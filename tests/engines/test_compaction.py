@@ -22,13 +22,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from airflow_resumable.journal import (
-    HeldReason,
-    NotHeldError,
-    StaleDecisionError,
-    Status,
-    StepJournal,
-)
+from airflow_resumable.exceptions import StaleDecisionError
+from airflow_resumable.journal import HeldReason, NotHeldError, Status, StepJournal
 from airflow_resumable.journal.compaction import compact_item, expand_item
 from airflow_resumable.runner import Step, StepContext, run_batch
 from tests import backends
@@ -516,8 +511,8 @@ def test_postgres_a_prune_stopped_before_it_forgot_or_dropped_is_finished_by_the
 ):
     """Stopped after the tombstone, before the job's compacted items were forgotten: the job reads as pruned,
     is never run again, and the next prune forgets them. Stopped before the drop: the next prune drops."""
+    from airflow_resumable.exceptions import JobPrunedError
     from airflow_resumable.journal import statements as sql
-    from airflow_resumable.journal.errors import JobPrunedError
 
     with StepJournal(journal_location) as journal:
         compact_every_item(journal, finished_job)

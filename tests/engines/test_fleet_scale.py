@@ -19,14 +19,8 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.journal import (
-    SCHEMA_VERSION,
-    JobPrunedError,
-    JournalVersionError,
-    PageError,
-    StepJournal,
-    migrate,
-)
+from airflow_resumable.exceptions import JobPrunedError, JournalVersionError, PageError
+from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, migrate
 from airflow_resumable.journal import schema as journal_schema
 from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
 from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch

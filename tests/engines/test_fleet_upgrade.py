@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.journal import SCHEMA_VERSION, JournalVersionError, StepJournal, migrate
+from airflow_resumable.exceptions import JournalVersionError
+from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, migrate
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
 from tests import backends
 from tests.old_release import RELEASE, RELEASE_SCHEMA_VERSION, OldRelease, build, has_commit

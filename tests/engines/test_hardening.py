@@ -197,7 +197,7 @@ def test_finding_7_no_command_creates_a_journal_from_a_typo(tmp_path, command):
 
 
 def test_finding_7_a_bug_is_not_reported_as_a_refusal(tmp_path, monkeypatch, capsys):
-    from airflow_resumable import cli as cli_module
+    from airflow_resumable.cli import command_line as cli_module
 
     path = tmp_path / "journal.sqlite3"
     journal_with_ids(path, ["a"])
@@ -342,7 +342,8 @@ def fill(disk: Path, leave: int = 0) -> Path:
 
 
 def test_finding_4_a_full_disk_is_reported_as_such_and_nothing_is_lost(small_disk):
-    from airflow_resumable.journal import JournalCorruptError, JournalDiskFullError, Status
+    from airflow_resumable.exceptions import JournalCorruptError, JournalDiskFullError
+    from airflow_resumable.journal import Status
     from airflow_resumable.runner import Step, run_batch
 
     path = small_disk / "journal.sqlite3"
@@ -531,15 +532,13 @@ def test_finding_2_the_resolve_dag_settles_only_the_dags_it_is_given(airflow):
 def test_one_error_root_catches_every_error_the_provider_raises():
     import inspect
 
-    import airflow_resumable.journal.errors as journal_errors
-    from airflow_resumable import ResumableError
-    from airflow_resumable.hooks.journal import JournalConfigError
-    from airflow_resumable.operators.resolve import ResolutionRefused
+    import airflow_resumable.exceptions as exceptions
+    from airflow_resumable._location import JournalConfigError
+    from airflow_resumable.exceptions import ReceiverError, ResolutionRefused, ResumableError
     from airflow_resumable.operators.resumable_batch import HeldItemsError, WrongWorkerError
-    from airflow_resumable.receivers.http import ReceiverError
     from airflow_resumable.runner import InvalidItemError
 
-    journal = [c for _, c in inspect.getmembers(journal_errors, inspect.isclass) if issubclass(c, Exception)]
+    journal = [c for _, c in inspect.getmembers(exceptions, inspect.isclass) if issubclass(c, exceptions.JournalError)]
     others = [JournalConfigError, ReceiverError, ResolutionRefused, HeldItemsError, WrongWorkerError, InvalidItemError]
     assert len(journal) >= 10
     for error in journal + others:
@@ -549,14 +548,6 @@ def test_one_error_root_catches_every_error_the_provider_raises():
 
         with StepJournal(Path(__import__("tempfile").mkdtemp()) / "j.sqlite3") as journal_:
             run_batch(journal_, JOB, [{"id": None}], [Step("s", lambda item, ctx: 1)])
-
-
-def test_the_http_receiver_client_is_not_named_like_airflows_callback_notifier():
-    from airflow_resumable.receivers import http
-
-    with pytest.warns(DeprecationWarning, match="now HttpReceiver"):
-        old = http.HttpNotifier("receiver")
-    assert isinstance(old, http.HttpReceiver) and old.http_conn_id == "receiver"
 
 
 # -- found under load: processes creating one journal at the same moment -------------

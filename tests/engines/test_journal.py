@@ -24,15 +24,13 @@ import pytest
 
 from airflow_resumable import _fs
 from airflow_resumable import journal as journal_mod
+from airflow_resumable.exceptions import JobPrunedError, JournalCorruptError, JournalVersionError
 from airflow_resumable.journal import (
     SCHEMA_VERSION,
     HeldReason,
     HeldStep,
-    JobPrunedError,
-    JournalCorruptError,
     JournalError,
     JournalLocationError,
-    JournalVersionError,
     Status,
     StepJournal,
 )

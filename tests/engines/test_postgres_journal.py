@@ -14,14 +14,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from airflow_resumable.exceptions import JournalConnectionError, JournalCorruptError, JournalVersionError
 from airflow_resumable.journal import (
     SCHEMA_VERSION,
     HeldReason,
     HeldStep,
-    JournalConnectionError,
-    JournalCorruptError,
     JournalLocationError,
-    JournalVersionError,
     Status,
     StepJournal,
     migrate,

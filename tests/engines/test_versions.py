@@ -7,13 +7,8 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.journal import (
-    HeldReason,
-    JobBusyError,
-    ResolutionError,
-    StaleDecisionError,
-    StepJournal,
-)
+from airflow_resumable.exceptions import ResolutionError, StaleDecisionError
+from airflow_resumable.journal import HeldReason, JobBusyError, StepJournal
 from airflow_resumable.runner import NOT_DELIVERED, Step, StepContext, run_batch, verify_held
 from tests import backends
 from tests.scenario import held_job

@@ -470,7 +470,7 @@ def shared_journal_cli(postgres_url: str) -> tuple[Any, str]:
 
 
 def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_through_again(postgres_url):
-    from airflow_resumable.journal import JournalVersionError
+    from airflow_resumable.exceptions import JournalVersionError
     from tests.backends import assert_counts_exact, postgres_downgrade_to_6
 
     two_holds(postgres_url)

@@ -15,7 +15,7 @@ import tracemalloc
 
 import pytest
 
-from airflow_resumable import cli as cli_module
+from airflow_resumable.cli import command_line, output, paging
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 from tests import backends
@@ -145,10 +145,10 @@ def test_no_listing_command_reads_an_unbounded_list(sqlite_fleet, monkeypatch, c
 
         monkeypatch.setattr(StepJournal, name, observed)
     out = io.StringIO()
-    assert cli_module.run(cli_module.parse_args(["--journal", sqlite_fleet, *command]), out) == 0
-    assert limits and all(limit is not None and limit <= cli_module.FETCH_SIZE for limit in limits), limits
+    assert command_line.run(command_line.parse_args(["--journal", sqlite_fleet, *command]), out) == 0
+    assert limits and all(limit is not None and limit <= paging.FETCH_SIZE for limit in limits), limits
     if "--all" not in command and command[0] != "export":
-        assert limits[0] == cli_module.PAGE_SIZE  # a screenful by default
+        assert limits[0] == paging.PAGE_SIZE  # a screenful by default
 
 
 LIMIT_RANGE = "give a whole number from 1 to 10000"
@@ -199,11 +199,11 @@ def big_job(location, job_id: str, items: int) -> None:
 def test_an_export_over_several_pages_is_the_document_one_read_gives(journal_location, monkeypatch):
     big_job(journal_location, "big", 1_100)  # 2,200 rows: three pages
     with StepJournal(journal_location) as journal:
-        whole = [cli_module._plain(r) for r in journal.rows("big")]  # one unbounded read, as export was
+        whole = [output.plain(r) for r in journal.rows("big")]  # one unbounded read, as export was
     expected_csv = io.StringIO()
     writer = csv.DictWriter(expected_csv, fieldnames=list(whole[0]), lineterminator="\n")
     writer.writeheader()
-    writer.writerows({k: cli_module._csv_cell(v) for k, v in row.items()} for row in whole)
+    writer.writerows({k: output.csv_cell(v) for k, v in row.items()} for row in whole)
     limits: list[int | None] = []
     real_rows = StepJournal.rows
 
@@ -214,7 +214,7 @@ def test_an_export_over_several_pages_is_the_document_one_read_gives(journal_loc
     monkeypatch.setattr(StepJournal, "rows", observed)
     for form, expected in (("json", json.dumps(whole, indent=2) + "\n"), ("csv", expected_csv.getvalue())):
         out = io.StringIO()
-        cli_module.run(cli_module.parse_args(["--journal", journal_location, "export", "big", "--format", form]), out)
+        command_line.run(command_line.parse_args(["--journal", journal_location, "export", "big", "--format", form]), out)
         assert out.getvalue() == expected, form  # the seams between pages do not show
     assert limits == [1000] * 3 * 2  # three pages, for each form
     assert "\nbig,'=1+1,fetch," in expected_csv.getvalue()  # quoted as text, as before
@@ -246,7 +246,7 @@ def test_exports_memory_stays_that_of_a_page_however_big_the_job(tmp_path, form)
         gc.collect()  # garbage of what ran before is not export's
         tracemalloc.start()
         try:
-            cli_module.run(cli_module.parse_args(["--journal", path, "export", job_id, "--format", form]), out)
+            command_line.run(command_line.parse_args(["--journal", path, "export", job_id, "--format", form]), out)
             return tracemalloc.get_traced_memory()[1], out.characters
         finally:
             tracemalloc.stop()

@@ -218,7 +218,8 @@ def test_http_notify_raises_not_sent_only_when_no_byte_was_written(receiver_fact
     receiver accepted stays an unknown outcome."""
     import socket
 
-    from airflow_resumable.receivers.http import HttpReceiver, ReceiverUnreachable
+    from airflow_resumable.exceptions import ReceiverUnreachable
+    from airflow_resumable.receivers.http import HttpReceiver
     from airflow_resumable.runner import NotSentError
 
     server, url = receiver_factory(dedupe=False)
@@ -264,7 +265,8 @@ def test_a_redirect_after_the_post_is_an_unknown_outcome_not_a_refused_connectio
     import socket
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from airflow_resumable.receivers.http import HttpReceiver, ReceiverError
+    from airflow_resumable.exceptions import ReceiverError
+    from airflow_resumable.receivers.http import HttpReceiver
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -379,8 +381,9 @@ def test_verify_never_follows_a_redirect_to_a_page_that_answers_404(scripted_rec
 def test_a_lookup_redirected_to_a_404_holds_the_send_and_never_sends_it_again(scripted_receiver, tmp_path):
     """The whole run: a send whose reply was a 502 (the receiver may have it), then a run whose
     authoritative look-up answers 302 to a page that answers 404. The step is held; one POST in all."""
+    from airflow_resumable.exceptions import ReceiverError
     from airflow_resumable.journal import HeldReason
-    from airflow_resumable.receivers.http import HttpReceiver, ReceiverError
+    from airflow_resumable.receivers.http import HttpReceiver
 
     def answer(method, path):
         if method == "POST":
@@ -445,8 +448,9 @@ def test_notify_takes_a_2xx_that_is_not_the_receivers_json_as_an_unknown_outcome
     """A 200 HTML page (a proxy's, a portal's) or a body that is no JSON object is no word from the
     receiver: the send may never have arrived, so it is neither done (lost) nor sent again blindly -
     the next run asks the look-up, and a non-authoritative 404 holds it for a human."""
+    from airflow_resumable.exceptions import ReceiverError
     from airflow_resumable.journal import HeldReason
-    from airflow_resumable.receivers.http import HttpReceiver, ReceiverError
+    from airflow_resumable.receivers.http import HttpReceiver
 
     seen = scripted_receiver(lambda method, path: answer if method == "POST" else reply(404, {}))
     http = HttpReceiver("scripted", timeout=5)

@@ -111,7 +111,7 @@ class TestWithoutServers:
             mail.notify({"id": "a", "to": "a@example.test", "amount": 3}, StepContext("job", "a", STEP, "d"))
 
     def test_a_refused_connection_is_not_sent_and_the_next_run_sends_it_without_verify(self, monkeypatch, tmp_path):
-        from airflow_resumable.receivers.smtp import MailNotSent
+        from airflow_resumable.exceptions import MailNotSent
 
         smtp_to(monkeypatch, closed_port())
         asked = []
@@ -211,7 +211,7 @@ def test_a_cut_session_then_a_retry_delivers_every_mail_exactly_once(mail_server
 def test_a_session_cut_while_the_body_is_written_is_not_sent(mail_servers, proxy, connections, tmp_path):
     """Item 2's 20 MB body is more than the socket buffers hold: the proxy resets the session after
     its first bytes, the write fails before the marker, and the retry sends it with no verify."""
-    from airflow_resumable.receivers.smtp import MailNotSent
+    from airflow_resumable.exceptions import MailNotSent
 
     job_id = f"mail-{uuid.uuid4().hex[:8]}"
     big = "A line of a long report, much longer than any socket buffer.\n" * 340_000
@@ -255,7 +255,8 @@ def test_a_refusal_sends_nothing_and_a_permanent_one_fails_without_retrying(mail
     """451 (try later) and 550 (no such mailbox) to RCPT: nothing delivered, the row says not sent.
     The 550 is also an AirflowFailException: a retry would meet the same refusal."""
     from airflow_resumable._compat import airflow_fail_exception
-    from airflow_resumable.receivers.smtp import MailNotSent, MailRejected
+    from airflow_resumable.exceptions import MailNotSent
+    from airflow_resumable.receivers.smtp import MailRejected
 
     mail = receiver()
     steps = [Step(STEP, mail.notify, side_effect=True, verify=mail.verify)]
@@ -325,7 +326,7 @@ def test_a_marker_reply_cut_at_any_byte_is_verified_never_sent_again(mail_server
     """The sink files each message, then its ``250 2.0.0 Ok: queued as ...`` reaches the client only
     up to byte k, for every k: ``25`` is no refusal, it is an unknown outcome. Each next run asks the
     archive, finds the message and sends it no second time."""
-    from airflow_resumable.receivers.smtp import MailOutcomeUnknown
+    from airflow_resumable.exceptions import MailOutcomeUnknown
 
     job_id = f"mail-{uuid.uuid4().hex[:8]}"
     count = MARKER_REPLY_LENGTH
@@ -400,7 +401,8 @@ def test_a_reply_cut_before_the_marker_is_not_sent_and_never_a_refusal_for_good(
     again with no verify. A cut ``550 5.1.1 Recipient addr`` is not the server's refusal for good (the
     task may retry); only the whole line is."""
     from airflow_resumable._compat import airflow_fail_exception
-    from airflow_resumable.receivers.smtp import MailNotSent, MailRejected
+    from airflow_resumable.exceptions import MailNotSent
+    from airflow_resumable.receivers.smtp import MailRejected
 
     job_id = f"mail-{uuid.uuid4().hex[:8]}"
     cuts = [(stage, keep) for stage, length in EARLY_REPLIES.items() for keep in range(length)]
