@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from tests import airflow_forkserver, cpu_report
-from tests.airflow_harness import Airflow, migrated_template
-from tests.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
+from tests.support import airflow_forkserver, cpu_report
+from tests.support.airflow_harness import Airflow, migrated_template
+from tests.support.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
 
 
 @pytest.fixture(scope="session")
@@ -143,8 +143,8 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="module")
 def mail_servers():
     """Real mail servers on 127.0.0.1 for a module's tests: an SMTP server filing into a Maildir, dovecot
-    serving it over IMAP (tests/mail_servers.py). In CI they must be there; elsewhere their absence skips."""
-    from tests.mail_servers import MailServers, missing
+    serving it over IMAP (tests/support/mail_servers.py). In CI they must be there; elsewhere their absence skips."""
+    from tests.support.mail_servers import MailServers, missing
 
     problem = missing()
     if problem:

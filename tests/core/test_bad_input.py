@@ -26,7 +26,7 @@ from airflow_resumable.runner import (
     idempotency_key,
     run_batch,
 )
-from tests.backends import snapshot
+from tests.support.backends import snapshot
 
 JOB = "bad-input/job"
 

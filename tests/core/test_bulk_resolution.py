@@ -11,8 +11,8 @@ import pytest
 
 from airflow_resumable.journal import NotHeldError, ResolutionError, StepJournal
 from airflow_resumable.runner import Step, idempotency_key, run_batch
-from tests import backends
 from tests.faces.test_cli import cli, snapshot
+from tests.support import backends
 
 JOB = "bulk/job"
 IDS = [f"item-{i:02d}" for i in range(1, 21)]

@@ -5,7 +5,7 @@ is now: it is refused (StaleDecisionError) and nothing changes, so the key is ne
 And an automatic settlement (verify answered "not delivered") leaves no audit row when a stop lands
 before its send.
 
-Runs go through real processes (``tests/crash_child.py``) sending over real HTTP to the demo receiver
+Runs go through real processes (``tests/support/crash_child.py``) sending over real HTTP to the demo receiver
 on 127.0.0.1, with de-duplication off so that the receiver's own count shows every send that reached
 it; on a SQLite journal and on a PostgreSQL one.
 """
@@ -31,7 +31,7 @@ from airflow_resumable.journal import (
     StepRecord,
 )
 from airflow_resumable.runner import NOT_DELIVERED, BatchStopped, Step, StepContext, idempotency_key, run_batch
-from tests.crash_child import (
+from tests.support.crash_child import (
     EXIT_COMPLETED,
     EXIT_NEEDS_REVIEW,
     EXIT_SEND_FAILED,

@@ -37,7 +37,7 @@ from airflow_resumable.journal import (
     StepJournal,
 )
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
-from tests import backends
+from tests.support import backends
 
 JOB = "journal/job"
 

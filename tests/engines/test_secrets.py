@@ -166,7 +166,7 @@ def test_the_postgres_byte_scan_finds_a_token_that_was_written(postgres, postgre
 def test_the_database_password_is_never_shown(postgres, postgres_url, caplog):
     """A journal URL carries a password: repr, location, errors and logs name the server, never the password."""
     from airflow_resumable.journal import JournalConnectionError
-    from tests.postgres_server import free_port
+    from tests.support.postgres_server import free_port
 
     password = "pw_SECRET_777"
     caplog.set_level(logging.DEBUG)

@@ -15,8 +15,8 @@ from airflow_resumable.journal import (
     StepJournal,
 )
 from airflow_resumable.runner import NOT_DELIVERED, Step, StepContext, run_batch, verify_held
-from tests import backends
-from tests.scenario import held_job
+from tests.support import backends
+from tests.support.scenario import held_job
 
 JOB = "versions/job"
 

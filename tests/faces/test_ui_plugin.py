@@ -14,8 +14,8 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, idempotency_key, run_batch
-from tests import airflow_server
-from tests.airflow_harness import base_env
+from tests.support import airflow_server
+from tests.support.airflow_harness import base_env
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import NotSentError, Step, StepContext, idempotency_key, run_batch
-from tests.mail_servers import (
+from tests.support.mail_servers import (
     ARCHIVE_ADDRESS,
     ARCHIVE_FOLDER,
     REPO,
@@ -277,7 +277,7 @@ def test_a_refusal_sends_nothing_and_a_permanent_one_fails_without_retrying(mail
 
 
 def sender(journal_location, job_id: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.mail_servers", "send", "--journal", str(journal_location),
+    return subprocess.Popen([sys.executable, "-m", "tests.support.mail_servers", "send", "--journal", str(journal_location),
                              "--job", job_id, "--count", "10"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
 
 
