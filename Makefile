@@ -22,18 +22,11 @@ PYTHON_MATRIX ?= 3.10 3.13
 # 3.2.2's own dependencies resolve to FastAPI/Pydantic releases that break its execution API; the
 # official constraints file is out of reach here, so the installer picks what existed in May 2026.
 INSTALL_ARGS_3.2.2 = --exclude-newer 2026-06-01T00:00:00Z
-AIRFLOW_LAYER_TESTS = $(addprefix tests/airflow_layer/,test_airflow_layer.py test_metrics_and_link.py \
-	test_sensor_journal.py test_review_operator.py) tests/faces/test_ui_plugin.py \
-	tests/outside_systems/test_smtp_receiver.py::TestWithoutServers tests/core/test_public_api.py \
-	tests/airflow_layer/test_public_api_airflow.py tests/airflow_layer/test_airflow_forkserver.py
-# Every test of the core (tests/core, the engines, the CLI) that runs without Airflow installed.
-CORE_TESTS = $(addprefix tests/core/,test_article_scenario.py test_bad_input.py test_bulk_resolution.py \
-	test_crash_matrix.py test_decide.py test_decision_input.py test_durability.py test_generations.py \
-	test_job_lock.py test_properties.py test_public_api.py test_receipt_log.py test_stale_decisions.py \
-	test_stop.py test_three_way_verify.py) \
-	$(addprefix tests/engines/,test_compaction.py test_fleet_scale.py test_journal.py test_postgres_failures.py \
-	test_postgres_journal.py test_secrets.py test_shared_journal.py test_versions.py) \
-	tests/faces/test_cli.py
+# Each cell selects its tests by marker (pyproject.toml): a test module carries `core` (runs with no
+# Airflow installed: the Python cells) or `compat` (the Airflow-layer, UI and metrics tests: the Airflow
+# cells), or both, as its pytestmark or on the one class of it a cell runs. tests/conftest.py does not
+# even import a module that lacks the cell's marker.
+
 # A Python of that minor: pyenv's, else one on PATH.
 python_for = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) $(shell command -v python$(1)))
 
@@ -105,13 +98,13 @@ test-matrix:  ## the compatibility matrix, every cell at once
 cell-airflow-%: .venv-airflow-%/.installed
 	@echo "=== matrix cell: Airflow $*, Python $$(.venv-airflow-$*/bin/python -c 'import platform; print(platform.python_version())'): Airflow-layer, UI and metrics tests ==="
 	$(call timed,cell airflow $*: pytest) env RESUMABLE_CPU_LABEL=cell-airflow-$* \
-		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) $(AIRFLOW_LAYER_TESTS)
+		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) tests -m compat
 
 cell-python-%: .venv-python-%/.installed
 	@echo "=== matrix cell: Python $$(.venv-python-$*/bin/python -c 'import platform; print(platform.python_version())'), no Airflow: core tests ==="
 	$(call timed,cell python $*: pytest) env RESUMABLE_PROPERTY_EXAMPLES=60 RESUMABLE_CPU_LABEL=cell-python-$* \
-		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) -m "not postgres_server" \
-		$(CORE_TESTS)
+		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) \
+		tests -m "core and not postgres_server"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo

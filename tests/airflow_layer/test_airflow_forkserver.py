@@ -10,6 +10,8 @@ import pytest
 from tests.support import airflow_forkserver
 from tests.support.airflow_harness import Airflow
 
+pytestmark = pytest.mark.compat
+
 
 @pytest.fixture
 def two_homes(airflow_template, tmp_path) -> tuple[Airflow, Airflow]:

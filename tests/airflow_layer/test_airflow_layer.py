@@ -19,7 +19,7 @@ from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 from tests.support.receivers import DurableReceiver
 
-pytestmark = pytest.mark.airflow
+pytestmark = [pytest.mark.airflow, pytest.mark.compat]
 
 ALL_ITEMS = [f"item-{i:03d}" for i in range(1, 51)]
 

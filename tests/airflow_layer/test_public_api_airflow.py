@@ -11,6 +11,8 @@ import pytest
 
 from tests.core.test_public_api import _check_one_class_under_one_root, _error_names, _import
 
+pytestmark = pytest.mark.compat
+
 AIRFLOW_NAMES = {
     "airflow_resumable.operators.resumable_batch": [
         "ResumableBatchOperator", "WrongWorkerError", "HeldItemsError", "HeldItemsNeedAHumanError",

@@ -19,6 +19,8 @@ from tests.support.crash_child import items as crash_child_items
 from tests.support.receivers import DurableReceiver, RefusedBeforeAccept
 from tests.support.scenario import FaultOnce, article_steps, held_job
 
+pytestmark = pytest.mark.compat
+
 JOB = "dag/send/run-1"
 
 

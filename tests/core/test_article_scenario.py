@@ -9,6 +9,8 @@ from airflow_resumable.runner import idempotency_key, run_batch
 from tests.support.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 from tests.support.scenario import FaultOnce, article_items, article_steps, rerun_everything
 
+pytestmark = pytest.mark.core
+
 JOB = "article/job-1"
 
 

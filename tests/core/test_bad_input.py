@@ -28,6 +28,8 @@ from airflow_resumable.runner import (
 )
 from tests.support.backends import snapshot
 
+pytestmark = pytest.mark.core
+
 JOB = "bad-input/job"
 
 

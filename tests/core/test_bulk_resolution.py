@@ -14,6 +14,8 @@ from airflow_resumable.runner import Step, idempotency_key, run_batch
 from tests.faces.test_cli import cli, snapshot
 from tests.support import backends
 
+pytestmark = pytest.mark.core
+
 JOB = "bulk/job"
 IDS = [f"item-{i:02d}" for i in range(1, 21)]
 

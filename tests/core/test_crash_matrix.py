@@ -35,6 +35,8 @@ from tests.support.crash_child import (
 )
 from tests.support.receivers import DurableReceiver
 
+pytestmark = pytest.mark.core
+
 JOB = "crash/job-1"
 N_ITEMS = 30
 IDS = [f"item-{i:03d}" for i in range(1, N_ITEMS + 1)]

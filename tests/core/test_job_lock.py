@@ -14,6 +14,8 @@ from airflow_resumable.runner import Step, run_batch
 from tests.support.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
 from tests.support.receivers import DurableReceiver
 
+pytestmark = pytest.mark.core
+
 JOB = "lock/job-1"
 IDS = [f"item-{i:03d}" for i in range(1, 31)]
 

@@ -61,6 +61,8 @@ from airflow_resumable.runner import (
 from tests.support import backends
 from tests.support.receivers import AcceptedThenLost, RefusedBeforeAccept
 
+pytestmark = pytest.mark.core
+
 # validate, transform: local; notify: the side effect; ack: a local step after the send.
 STEPS = (("validate", False), ("transform", False), ("notify", True), ("ack", False))
 STEP_NAMES = tuple(name for name, _ in STEPS)

@@ -11,6 +11,8 @@ import warnings
 
 import pytest
 
+pytestmark = [pytest.mark.core, pytest.mark.compat]
+
 # The documented import paths and the names callers rely on at each.
 CORE_NAMES = {
     "airflow_resumable": ["ResumableError"],

@@ -41,6 +41,8 @@ from tests.support.crash_child import (
     items,
 )
 
+pytestmark = pytest.mark.core
+
 JOB = "stale/nightly"
 SEND = "notify_external"  # the child's side-effect step
 N_ITEMS = 3

@@ -33,6 +33,8 @@ from airflow_resumable.journal.compaction import compact_item, expand_item
 from airflow_resumable.runner import Step, StepContext, run_batch
 from tests.support import backends
 
+pytestmark = pytest.mark.core
+
 JOB = "dag/send/run-1"
 
 

@@ -33,6 +33,8 @@ from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch
 from tests.support import backends
 from tests.support.scenario import held_job
 
+pytestmark = pytest.mark.core
+
 JOB = "fleet_dag/send/scheduled__2026-12-05"
 STEPS_SQL = """INSERT INTO steps (job_id, item_id, step, side_effect, status, digest, receipt, output, error_type,
                                   held_reason, new_digest, attempts, created_at, updated_at)

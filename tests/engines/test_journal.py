@@ -39,6 +39,8 @@ from airflow_resumable.journal import (
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
 from tests.support import backends
 
+pytestmark = pytest.mark.core
+
 JOB = "journal/job"
 
 

@@ -36,6 +36,8 @@ from tests.support.crash_child import EXIT_COMPLETED, EXIT_NEEDS_REVIEW, ChildRu
 from tests.support.postgres_server import HOW_TO_ENABLE, PostgresCluster, server_bindir, wait_until
 from tests.support.receivers import DurableReceiver
 
+pytestmark = pytest.mark.core
+
 REPO = Path(__file__).resolve().parents[2]
 SEND = "notify_external"
 STEPS = ("validate", "transform", SEND)

@@ -31,6 +31,8 @@ from tests.support import backends
 from tests.support.backends import snapshot
 from tests.support.scenario import held_job
 
+pytestmark = pytest.mark.core
+
 JOB = "pg/job"
 
 

@@ -15,6 +15,8 @@ import pytest
 from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
 from airflow_resumable.runner import Step, StepContext, run_batch
 
+pytestmark = pytest.mark.core
+
 SECRET = "sk_live_SECRET123"
 JOB = "secrets/job"
 

@@ -17,6 +17,8 @@ from airflow_resumable.journal import Status, StepJournal
 from tests.support.crash_child import EXIT_COMPLETED, ChildRun
 from tests.support.receivers import DurableReceiver
 
+pytestmark = pytest.mark.core
+
 PROCESSES = 8
 ITEMS = 1000
 

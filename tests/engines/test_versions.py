@@ -18,6 +18,8 @@ from airflow_resumable.runner import NOT_DELIVERED, Step, StepContext, run_batch
 from tests.support import backends
 from tests.support.scenario import held_job
 
+pytestmark = pytest.mark.core
+
 JOB = "versions/job"
 
 

@@ -18,6 +18,8 @@ from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 from tests.support.backends import snapshot as snapshot_of
 
+pytestmark = pytest.mark.core
+
 CLI = str(Path(sys.executable).with_name("airflow-resumable"))
 
 

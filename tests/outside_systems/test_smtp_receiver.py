@@ -56,6 +56,7 @@ def closed_port() -> int:
     return free_port()  # free a moment ago: nobody listens, connecting is refused
 
 
+@pytest.mark.compat
 class TestWithoutServers:
     """What needs no mail server: the Message-ID, refusals of bad settings and bad items, a refused connect."""
 
