@@ -22,18 +22,45 @@ PYTHON_MATRIX ?= 3.10 3.13
 # 3.2.2's own dependencies resolve to FastAPI/Pydantic releases that break its execution API; the
 # official constraints file is out of reach here, so the installer picks what existed in May 2026.
 INSTALL_ARGS_3.2.2 = --exclude-newer 2026-06-01T00:00:00Z
-AIRFLOW_LAYER_TESTS = $(addprefix tests/airflow_layer/,test_airflow_layer.py test_metrics_and_link.py \
-	test_sensor_journal.py test_review_operator.py) tests/faces/test_ui_plugin.py \
-	tests/outside_systems/test_smtp_receiver.py::TestWithoutServers tests/core/test_public_api.py \
-	tests/airflow_layer/test_public_api_airflow.py tests/airflow_layer/test_airflow_forkserver.py
-# Every test of the core (tests/core, the engines, the CLI) that runs without Airflow installed.
-CORE_TESTS = $(addprefix tests/core/,test_article_scenario.py test_bad_input.py test_bulk_resolution.py \
-	test_crash_matrix.py test_decide.py test_decision_input.py test_durability.py test_generations.py \
-	test_job_lock.py test_properties.py test_public_api.py test_receipt_log.py test_stale_decisions.py \
-	test_stop.py test_three_way_verify.py) \
-	$(addprefix tests/engines/,test_compaction.py test_fleet_scale.py test_journal.py test_postgres_failures.py \
-	test_postgres_journal.py test_secrets.py test_shared_journal.py test_versions.py) \
-	tests/faces/test_cli.py
+# Each cell selects its tests by marker (pyproject.toml): a test module carries `core` (runs with no
+# Airflow installed: the Python cells) or `compat` (the Airflow-layer, UI and metrics tests: the Airflow
+# cells), or both, as its pytestmark or on the one class of it a cell runs. tests/conftest.py does not
+# even import a module that lacks the cell's marker. Every other module runs in `make test` only, listed
+# here with the reason; tests/core/test_matrix_cells.py fails on a module that is neither (or both).
+# - `make demo` and `make bench` end to end: they run in .venv, on the newest Airflow, only.
+MAKE_TEST_ONLY = tests/deployments/test_demo.py tests/deployments/test_benchmarks.py
+# - A real CeleryExecutor deployment: the celery provider, a Redis broker, PostgreSQL (the test extra).
+MAKE_TEST_ONLY += tests/deployments/test_celery_deployment.py tests/deployments/test_celery_fleet.py
+# - Builds the sdist and wheel (build, twine, uv: the test extra) and installs the wheel on its own.
+MAKE_TEST_ONLY += tests/deployments/test_distribution.py
+# - Parses docker-compose.yaml: its Airflow is the Docker image's, not the one installed here.
+MAKE_TEST_ONLY += tests/deployments/test_docker_compose.py
+# - A browser: Playwright (the test extra) drives Chromium through `airflow standalone`.
+MAKE_TEST_ONLY += tests/faces/test_browser.py
+# - Real mail servers: aiosmtpd and the IMAP provider (the test extra), Debian's dovecot. (The Airflow
+#   cells run tests/outside_systems/test_smtp_receiver.py's TestWithoutServers, which needs none.)
+MAKE_TEST_ONLY += tests/airflow_layer/test_email_airflow.py
+# - mypy --strict of a DAG against this package's hints: mypy is the test extra's (not in the cells), and
+#   the hints it reads are this package's, the same whatever Airflow is installed.
+MAKE_TEST_ONLY += tests/airflow_layer/test_typing.py
+# - `airflow standalone` stops a running task: the task log asserted is 3.3's supervisor's (fails on 3.1.8).
+MAKE_TEST_ONLY += tests/airflow_layer/test_standalone_stop.py
+# - Every test talks to a PostgreSQL server (left out of the Python cells, see above), and the old
+#   release's wheel is built from this repository's git history.
+MAKE_TEST_ONLY += tests/engines/test_fleet_upgrade.py
+# - A shared journal named by an Airflow connection from the environment (PostgreSQL): on 3.1.8 the CLI
+#   and the API server do not find that connection and these fail (test_ui_decisions' SQLite half passes).
+MAKE_TEST_ONLY += tests/airflow_layer/test_airflow_shared_journal.py tests/faces/test_ui_decisions.py
+# - Core findings and Airflow ones in one module (finding 5's two fail on 3.1.8): no cell takes it whole.
+MAKE_TEST_ONLY += tests/engines/test_hardening.py
+# - In no cell so far, for no reason of their own: they pass on Airflow 3.1.8 (the page's code without a
+#   server, its cost in a 200,000-item journal, the HTTP receiver). Candidates for `compat`.
+MAKE_TEST_ONLY += tests/faces/test_jobs_visible.py tests/faces/test_page_errors.py tests/faces/test_ui_paging.py
+MAKE_TEST_ONLY += tests/outside_systems/test_http_receiver.py
+# - In no cell so far, for no reason of its own: the CLI in a big journal, no Airflow; its tests that need
+#   no PostgreSQL server pass on Python 3.13 with no Airflow installed. A candidate for `core`.
+MAKE_TEST_ONLY += tests/faces/test_cli_paging.py
+
 # A Python of that minor: pyenv's, else one on PATH.
 python_for = $(firstword $(wildcard $(HOME)/.pyenv/versions/$(1).*/bin/python$(1)) $(shell command -v python$(1)))
 
@@ -105,13 +132,13 @@ test-matrix:  ## the compatibility matrix, every cell at once
 cell-airflow-%: .venv-airflow-%/.installed
 	@echo "=== matrix cell: Airflow $*, Python $$(.venv-airflow-$*/bin/python -c 'import platform; print(platform.python_version())'): Airflow-layer, UI and metrics tests ==="
 	$(call timed,cell airflow $*: pytest) env RESUMABLE_CPU_LABEL=cell-airflow-$* \
-		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) $(AIRFLOW_LAYER_TESTS)
+		.venv-airflow-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) tests -m compat
 
 cell-python-%: .venv-python-%/.installed
 	@echo "=== matrix cell: Python $$(.venv-python-$*/bin/python -c 'import platform; print(platform.python_version())'), no Airflow: core tests ==="
 	$(call timed,cell python $*: pytest) env RESUMABLE_PROPERTY_EXAMPLES=60 RESUMABLE_CPU_LABEL=cell-python-$* \
-		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) -m "not postgres_server" \
-		$(CORE_TESTS)
+		.venv-python-$*/bin/python -m pytest -p no:cacheprovider -q $(CELL_PYTEST_ARGS) \
+		tests -m "core and not postgres_server"
 
 lint: $(VENV)/.installed
 	$(VENV)/bin/ruff check airflow_resumable airflow_provider_resumable tests benchmarks dags demo

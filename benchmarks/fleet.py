@@ -1,7 +1,7 @@
 """A fleet run, ``python -m benchmarks.fleet`` (``make bench-fleet``): one batch sharded over mapped
 task instances on a real CeleryExecutor, a worker SIGKILLed midway.
 
-The deployment is the tests' (:mod:`tests.celery_deployment`): PostgreSQL metadata DB and shared
+The deployment is the tests' (:mod:`tests.support.celery_deployment`): PostgreSQL metadata DB and shared
 journal (connection ``resumable_journal``) in a throwaway cluster of its own, Redis, api-server,
 scheduler, dag-processor, triggerer and two Celery workers, each a Unix session of its own. The
 receiver is the demo receiver (dedupe off: every duplicate counts) taking 4 ms per notification. The
@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.celery_dags.celery_fleet import FLEET_DAG_ID, PLAIN_DAG_ID, item_id
-from tests.celery_deployment import CeleryDeployment
-from tests.postgres_server import wait_until
+from tests.support.celery_deployment import CeleryDeployment
+from tests.support.postgres_server import wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "fleet_results.json"

@@ -1,6 +1,6 @@
 """A throwaway PostgreSQL cluster for the PostgreSQL sections, started and destroyed inside their child process.
 
-The cluster is the tests' own (:mod:`tests.postgres_server`: initdb in a temporary folder, a free
+The cluster is the tests' own (:mod:`tests.support.postgres_server`: initdb in a temporary folder, a free
 port on 127.0.0.1, trust authentication, the server's defaults otherwise, so ``fsync`` and
 ``synchronous_commit`` are on). As root the server runs as the ``postgres`` OS user. Without
 PostgreSQL's server binaries or psycopg, a section reports itself skipped with the reason.
@@ -22,7 +22,7 @@ def unavailable() -> str | None:
     """Why the PostgreSQL sections cannot run here, or None."""
     if importlib.util.find_spec("psycopg") is None:
         return SKIPPED_NO_PSYCOPG
-    from tests.postgres_server import server_bindir
+    from tests.support.postgres_server import server_bindir
 
     return SKIPPED_NO_SERVER if server_bindir() is None else None
 
@@ -53,7 +53,7 @@ class Server:
 @contextlib.contextmanager
 def throwaway_server() -> Iterator[Server]:
     """A cluster of its own for one section; destroyed (stopped, its folder removed) on the way out."""
-    from tests.postgres_server import PostgresCluster, server_bindir
+    from tests.support.postgres_server import PostgresCluster, server_bindir
 
     bindir = server_bindir()
     if bindir is None:

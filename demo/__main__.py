@@ -3,7 +3,7 @@
 A temporary AIRFLOW_HOME with a SQLite metadata DB, the demo HTTP receiver on 127.0.0.1 (with
 idempotency dedupe OFF, so every duplicate send is counted), `airflow dags test` with retries, the
 resolve DAG, and a Clear. Every duplicate count is read from the receiver's own store. The Airflow
-commands run as the tests' do: forks of one pre-imported Airflow (tests/airflow_forkserver.py;
+commands run as the tests' do: forks of one pre-imported Airflow (tests/support/airflow_forkserver.py;
 RESUMABLE_TEST_AIRFLOW_FORK=0 starts a new `airflow` process for each).
 """
 
@@ -19,7 +19,7 @@ import urllib.request
 from pathlib import Path
 
 from airflow_resumable.runner import idempotency_key
-from tests.airflow_harness import REPO, Airflow, migrated_template
+from tests.support.airflow_harness import REPO, Airflow, migrated_template
 
 MODES = {"before_accept": "fault before accept", "after_accept": "fault after accept"}
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from airflow_resumable.runner import idempotency_key
 from demo.__main__ import print_table
-from tests.airflow_harness import REPO, Airflow, migrated_template
-from tests.mail_servers import ARCHIVE_ADDRESS, Fault, FaultProxy, MailServers, missing
+from tests.support.airflow_harness import REPO, Airflow, migrated_template
+from tests.support.mail_servers import ARCHIVE_ADDRESS, Fault, FaultProxy, MailServers, missing
 
 MODES = {Fault.BEFORE_MARKER: "cut before the end-of-data marker",
          Fault.REPLY_LOST: "reply lost after the server took it"}

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
 import os
+import re
 
 import pytest
 
-from tests import airflow_forkserver, cpu_report
-from tests.airflow_harness import Airflow, migrated_template
-from tests.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
+from tests.support import airflow_forkserver, cpu_report
+from tests.support.airflow_harness import Airflow, migrated_template
+from tests.support.postgres_server import ENV_URL, HOW_TO_ENABLE, PostgresCluster, create_database, server_bindir
 
 
 @pytest.fixture(scope="session")
@@ -17,6 +18,38 @@ def airflow_template(tmp_path_factory):
 @pytest.fixture
 def airflow(airflow_template, tmp_path) -> Airflow:
     return Airflow.create(airflow_template, tmp_path)
+
+
+# ----------------------------------------------------------------- the matrix cells (make test-matrix)
+
+# A cell of the matrix runs the tests marked for it (pyproject.toml): `-m "core and not postgres_server"`
+# on Pythons with no Airflow installed, `-m compat` on older Airflow. A module says which cells it is in
+# with a `pytest.mark.core` / `pytest.mark.compat` of its own (its pytestmark, or one of its classes).
+# When `-m` requires such a marker, a test module whose text never mentions it is not collected at all:
+# importing it could only fail (it may import Airflow where none is installed) or cost time, since -m
+# would deselect all of its tests anyway. Only an `and` of terms is read: with `or` or parentheses, and
+# without -m (`make test`), every module is collected as usual.
+CELL_MARKERS = ("core", "compat")
+
+
+def required_cell_markers(markexpr: str) -> set[str]:
+    """The cell markers a test must carry to match ``markexpr``: those it names, not after a ``not``."""
+    words = markexpr.split()
+    if "or" in words or "(" in markexpr or ")" in markexpr:
+        return set()
+    return {word for before, word in zip(["and", *words], words) if word in CELL_MARKERS and before != "not"}
+
+
+def pytest_ignore_collect(collection_path, config):
+    if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
+        return None
+    required = required_cell_markers(config.getoption("markexpr") or "")
+    if not required:
+        return None
+    text = collection_path.read_text(encoding="utf-8")
+    if all(re.search(rf"\bpytest\.mark\.{marker}\b", text) for marker in required):
+        return None
+    return True
 
 
 # ----------------------------------------------------------------- both journal engines (SQLite, PostgreSQL)
@@ -143,8 +176,8 @@ def pytest_sessionfinish(session, exitstatus):
 @pytest.fixture(scope="module")
 def mail_servers():
     """Real mail servers on 127.0.0.1 for a module's tests: an SMTP server filing into a Maildir, dovecot
-    serving it over IMAP (tests/mail_servers.py). In CI they must be there; elsewhere their absence skips."""
-    from tests.mail_servers import MailServers, missing
+    serving it over IMAP (tests/support/mail_servers.py). In CI they must be there; elsewhere their absence skips."""
+    from tests.support.mail_servers import MailServers, missing
 
     problem = missing()
     if problem:

@@ -12,7 +12,7 @@ import sqlite3
 from pathlib import Path
 
 from airflow_resumable.runner import Step
-from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
+from tests.support.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 
 
 def receiver() -> DurableReceiver:

@@ -1,4 +1,4 @@
-"""The tests' Airflow fork server (tests/airflow_forkserver.py) answers as a new `airflow` process would:
+"""The tests' Airflow fork server (tests/support/airflow_forkserver.py) answers as a new `airflow` process would:
 the command's own home and settings, its exit code, its output, and a timeout that ends only it."""
 
 from __future__ import annotations
@@ -7,8 +7,10 @@ import subprocess
 
 import pytest
 
-from tests import airflow_forkserver
-from tests.airflow_harness import Airflow
+from tests.support import airflow_forkserver
+from tests.support.airflow_harness import Airflow
+
+pytestmark = pytest.mark.compat
 
 
 @pytest.fixture

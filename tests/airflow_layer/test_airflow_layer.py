@@ -17,9 +17,9 @@ import pytest
 from airflow_resumable._compat import airflow_version
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
-from tests.receivers import DurableReceiver
+from tests.support.receivers import DurableReceiver
 
-pytestmark = pytest.mark.airflow
+pytestmark = [pytest.mark.airflow, pytest.mark.compat]
 
 ALL_ITEMS = [f"item-{i:03d}" for i in range(1, 51)]
 
@@ -566,7 +566,7 @@ def test_bad_text_in_a_resolution_fails_the_resolve_task_naming_the_entry_and_ch
     journal_location, monkeypatch, field, value, message,
 ):
     from airflow_resumable.exceptions import ResolutionRefused
-    from tests.scenario import held_job
+    from tests.support.scenario import held_job
 
     held_job(journal_location, "j", "a")
     held_job(journal_location, "j2", "b")

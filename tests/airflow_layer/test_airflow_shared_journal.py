@@ -20,10 +20,10 @@ from urllib.parse import quote
 import pytest
 
 from airflow_resumable.journal import StepJournal
-from tests import airflow_server
-from tests.airflow_harness import Airflow
 from tests.airflow_layer.test_airflow_layer import ALL_ITEMS, arm, output, resolve, wait_for_held
-from tests.receivers import DurableReceiver
+from tests.support import airflow_server
+from tests.support.airflow_harness import Airflow
+from tests.support.receivers import DurableReceiver
 
 pytestmark = pytest.mark.airflow
 CONN_ID = "resumable_journal"

@@ -10,8 +10,8 @@ import shutil
 import pytest
 
 from airflow_resumable.runner import idempotency_key
-from tests.airflow_harness import REPO
-from tests.mail_servers import ARCHIVE_ADDRESS, ARCHIVE_FOLDER, Fault, FaultProxy
+from tests.support.airflow_harness import REPO
+from tests.support.mail_servers import ARCHIVE_ADDRESS, ARCHIVE_FOLDER, Fault, FaultProxy
 
 pytestmark = pytest.mark.airflow
 

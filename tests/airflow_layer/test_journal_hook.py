@@ -16,7 +16,9 @@ from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 from tests.airflow_layer.test_airflow_layer import ALL_ITEMS, output
 from tests.airflow_layer.test_airflow_shared_journal import connection
-from tests.receivers import DurableReceiver
+from tests.support.receivers import DurableReceiver
+
+pytestmark = pytest.mark.compat
 
 CONN_ID = "resumable_journal"
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.airflow_layer.test_airflow_layer import arm, output
 
-pytestmark = pytest.mark.airflow
+pytestmark = [pytest.mark.airflow, pytest.mark.compat]
 
 
 class StatsdSink:

@@ -11,6 +11,8 @@ from tests.core.test_public_api import CORE_MODULES, PUBLIC_API
 
 AIRFLOW_MODULES = sorted(set(PUBLIC_API) - set(CORE_MODULES))
 
+pytestmark = pytest.mark.compat
+
 
 @pytest.mark.parametrize("module", AIRFLOW_MODULES)
 def test_the_airflow_layers_names_import_from_their_paths(module):

@@ -24,6 +24,8 @@ from airflow_resumable.operators.review import (
 from airflow_resumable.runner import Step, idempotency_key, run_batch
 from tests.airflow_layer.test_sensor_journal import journal_arguments
 
+pytestmark = pytest.mark.compat
+
 JOB = "billing/send/manual__1"
 UO, IC = HeldReason.UNKNOWN_OUTCOME, HeldReason.INPUT_CHANGED
 

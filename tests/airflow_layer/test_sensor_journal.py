@@ -14,10 +14,12 @@ import pytest
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import NOT_DELIVERED, Step, idempotency_key, run_batch
 from airflow_resumable.sensors.held_items import HeldItemSensor
-from tests.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
-from tests.crash_child import items as crash_child_items
-from tests.receivers import DurableReceiver, RefusedBeforeAccept
-from tests.scenario import FaultOnce, article_steps, held_job
+from tests.support.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
+from tests.support.crash_child import items as crash_child_items
+from tests.support.receivers import DurableReceiver, RefusedBeforeAccept
+from tests.support.scenario import FaultOnce, article_steps, held_job
+
+pytestmark = pytest.mark.compat
 
 JOB = "dag/send/run-1"
 
@@ -63,7 +65,7 @@ def test_a_summary_naming_another_journal_is_refused(tmp_path, journal_path):
 
 
 def test_deferrable_on_a_local_journal_is_refused_and_changes_nothing(journal_path):
-    from tests.backends import snapshot
+    from tests.support.backends import snapshot
 
     before = snapshot(str(journal_path))
     sensor = HeldItemSensor(task_id="wait", job_id=JOB, deferrable=True)
@@ -220,8 +222,8 @@ def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, 
     from airflow_resumable.exceptions import JournalConfigError
     from airflow_resumable.journal import JournalLocationError
     from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
-    from tests.backends import snapshot
     from tests.faces.test_cli import CLI
+    from tests.support.backends import snapshot
 
     path = tmp_path / "Dropbox" / "journal.sqlite3"  # a cloud-sync folder: refused by default
     monkeypatch.setenv("AIRFLOW__RESUMABLE__JOURNAL_PATH", str(path))

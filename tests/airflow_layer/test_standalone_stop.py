@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.journal import StepJournal
-from tests import airflow_server
-from tests.airflow_harness import base_env, migrated_template
-from tests.airflow_server import api
-from tests.receivers import DurableReceiver
+from tests.support import airflow_server
+from tests.support.airflow_harness import base_env, migrated_template
+from tests.support.airflow_server import api
+from tests.support.receivers import DurableReceiver
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

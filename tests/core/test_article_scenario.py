@@ -6,8 +6,10 @@ import pytest
 
 from airflow_resumable.journal import HeldReason, HeldStep, StepJournal
 from airflow_resumable.runner import idempotency_key, run_batch
-from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
-from tests.scenario import FaultOnce, article_items, article_steps, rerun_everything
+from tests.support.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
+from tests.support.scenario import FaultOnce, article_items, article_steps, rerun_everything
+
+pytestmark = pytest.mark.core
 
 JOB = "article/job-1"
 

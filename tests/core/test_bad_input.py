@@ -13,7 +13,9 @@ from airflow_resumable.exceptions import InvalidStepOutputError, ResolutionError
 from airflow_resumable.journal import HeldReason, HeldStep, NotHeldError, Status, StepJournal
 from airflow_resumable.runner import InvalidItemError, Step, StepContext, canonical_digest, idempotency_key, run_batch
 from airflow_resumable.runner.batch import CHUNK_SIZE
-from tests.backends import snapshot
+from tests.support.backends import snapshot
+
+pytestmark = pytest.mark.core
 
 JOB = "bad-input/job"
 

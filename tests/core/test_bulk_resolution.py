@@ -12,8 +12,10 @@ import pytest
 from airflow_resumable.exceptions import ResolutionError
 from airflow_resumable.journal import NotHeldError, StepJournal
 from airflow_resumable.runner import Step, idempotency_key, run_batch
-from tests import backends
 from tests.faces.test_cli import cli, snapshot
+from tests.support import backends
+
+pytestmark = pytest.mark.core
 
 JOB = "bulk/job"
 IDS = [f"item-{i:02d}" for i in range(1, 21)]

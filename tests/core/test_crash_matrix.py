@@ -1,6 +1,6 @@
 """Crash matrix: real runner processes SIGKILLed at every boundary of a send, and at random.
 
-A child process (tests/crash_child.py) runs 30 items through validate -> transform ->
+A child process (tests/support/crash_child.py) runs 30 items through validate -> transform ->
 notify_external (a side effect delivered to a DurableReceiver, a SQLite file of its own). The child
 is killed with SIGKILL, then resumed by starting it again; holds are settled the way an operator
 does by hand (ask the receiver for the idempotency key, resolve delivered / not delivered).
@@ -26,14 +26,16 @@ import pytest
 
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import idempotency_key
-from tests import backends
-from tests.crash_child import (
+from tests.support import backends
+from tests.support.crash_child import (
     BOUNDARIES,
     EXIT_COMPLETED,
     EXIT_NEEDS_REVIEW,
     ChildRun,
 )
-from tests.receivers import DurableReceiver
+from tests.support.receivers import DurableReceiver
+
+pytestmark = pytest.mark.core
 
 JOB = "crash/job-1"
 N_ITEMS = 30

@@ -18,6 +18,8 @@ import pytest
 from airflow_resumable.journal import HeldReason, Status, StepState
 from airflow_resumable.runner import Action, decide
 
+pytestmark = pytest.mark.core
+
 SAME, OTHER = "a" * 64, "b" * 64
 
 

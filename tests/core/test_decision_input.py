@@ -20,6 +20,8 @@ from airflow_resumable.decision_input import (
 from airflow_resumable.exceptions import ResolutionError
 from airflow_resumable.journal.records import version_matches
 
+pytestmark = pytest.mark.core
+
 BOM = b"\xef\xbb\xbf"
 ENTRY = {"job_id": "j", "item_id": "b", "step": "notify", "decision": "not_delivered"}
 CSV = b"job_id,item_id,step,decision\r\nj,b,notify,not_delivered\r\n"

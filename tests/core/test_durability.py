@@ -11,6 +11,8 @@ import pytest
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
 
+pytestmark = pytest.mark.core
+
 
 def _spy_fsync(monkeypatch):
     """Wrap the real os.fsync and note which file each call synced."""

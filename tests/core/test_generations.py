@@ -26,6 +26,8 @@ from airflow_resumable.demo_receiver import serve
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import NotSentError, Step, StepContext, idempotency_key, run_batch
 
+pytestmark = pytest.mark.core
+
 JOB = "nightly/2026-12-04"
 CLI = str(Path(sys.executable).with_name("airflow-resumable"))
 

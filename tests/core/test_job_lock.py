@@ -11,8 +11,10 @@ import pytest
 
 from airflow_resumable.journal import JobBusyError, Status, StepJournal
 from airflow_resumable.runner import Step, run_batch
-from tests.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
-from tests.receivers import DurableReceiver
+from tests.support.crash_child import EXIT_BUSY, EXIT_COMPLETED, ChildRun
+from tests.support.receivers import DurableReceiver
+
+pytestmark = pytest.mark.core
 
 JOB = "lock/job-1"
 IDS = [f"item-{i:03d}" for i in range(1, 31)]
@@ -149,7 +151,7 @@ def test_decisions_about_a_job_the_journal_does_not_have_leave_no_lock_file(tmp_
     """A mistyped job id is refused, and leaves nothing beside the journal (a lock file per typo, before);
     a decision about a real job keeps the job's lock file as a run does."""
     from airflow_resumable.journal import NotHeldError
-    from tests.scenario import held_job
+    from tests.support.scenario import held_job
 
     path = tmp_path / "journal.sqlite3"
     job, item, step = "dag/send/run-1", "a", "send"

@@ -59,8 +59,10 @@ from airflow_resumable.runner import (
     run_batch,
     verify_held,
 )
-from tests import backends
-from tests.receivers import AcceptedThenLost, RefusedBeforeAccept
+from tests.support import backends
+from tests.support.receivers import AcceptedThenLost, RefusedBeforeAccept
+
+pytestmark = pytest.mark.core
 
 # validate, transform: local; notify: the side effect; ack: a local step after the send.
 STEPS = (("validate", False), ("transform", False), ("notify", True), ("ack", False))

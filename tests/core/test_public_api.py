@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.core, pytest.mark.compat]
+
 PACKAGE = Path(__file__).resolve().parents[2] / "airflow_resumable"
 
 # The public modules and the names each exports (its __all__). A new public name is added here.

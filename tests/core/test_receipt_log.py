@@ -14,8 +14,12 @@ import stat
 import threading
 import time
 
+import pytest
+
 from airflow_resumable.journal import JobBusyError, JournalError, Status, StepJournal
 from airflow_resumable.runner import Step, run_batch
+
+pytestmark = pytest.mark.core
 
 JOB = "receipts/job"
 COLUMNS = "job_id, item_id, step, side_effect, status, digest, receipt, output, error_type, held_reason, " \

@@ -5,7 +5,7 @@ is now: it is refused (StaleDecisionError) and nothing changes, so the key is ne
 And an automatic settlement (verify answered "not delivered") leaves no audit row when a stop lands
 before its send.
 
-Runs go through real processes (``tests/crash_child.py``) sending over real HTTP to the demo receiver
+Runs go through real processes (``tests/support/crash_child.py``) sending over real HTTP to the demo receiver
 on 127.0.0.1, with de-duplication off so that the receiver's own count shows every send that reached
 it; on a SQLite journal and on a PostgreSQL one.
 """
@@ -24,7 +24,7 @@ from airflow_resumable.demo_receiver import serve
 from airflow_resumable.exceptions import StaleDecisionError
 from airflow_resumable.journal import HeldReason, HeldStep, Resolution, Status, StepJournal, StepRecord
 from airflow_resumable.runner import NOT_DELIVERED, BatchStopped, Step, StepContext, idempotency_key, run_batch
-from tests.crash_child import (
+from tests.support.crash_child import (
     EXIT_COMPLETED,
     EXIT_NEEDS_REVIEW,
     EXIT_SEND_FAILED,
@@ -33,6 +33,8 @@ from tests.crash_child import (
     ReceiverFailed,
     items,
 )
+
+pytestmark = pytest.mark.core
 
 JOB = "stale/nightly"
 SEND = "notify_external"  # the child's side-effect step

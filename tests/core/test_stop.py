@@ -12,7 +12,9 @@ import pytest
 
 from airflow_resumable.journal import Status, StepJournal
 from airflow_resumable.runner import BatchStopped, NotSentError, Step, run_batch
-from tests.postgres_server import wait_until
+from tests.support.postgres_server import wait_until
+
+pytestmark = pytest.mark.core
 
 JOB = "stop/job"
 ITEMS = [{"id": f"item-{i:03d}"} for i in range(1, 121)]

@@ -11,6 +11,8 @@ import pytest
 from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
 from airflow_resumable.runner import NOT_DELIVERED, Step, idempotency_key, run_batch, verify_held
 
+pytestmark = pytest.mark.core
+
 JOB = "three-way/job"
 
 

@@ -1,4 +1,4 @@
-"""A real CeleryExecutor deployment (tests/celery_deployment.py): a worker dies mid-batch, the retry
+"""A real CeleryExecutor deployment (tests/support/celery_deployment.py): a worker dies mid-batch, the retry
 lands on the other worker. On the shared journal it resumes; on worker-local SQLite journals the
 wrong-worker guard refuses it (naming the dead worker) and it resumes once back on that worker. The
 deferrable HeldItemSensor waits in the triggerer. The UI page and the CLI on the API server's host
@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.runner import idempotency_key
-from tests.celery_deployment import CeleryDeployment, require_redis_server
-from tests.postgres_server import wait_until
+from tests.support.celery_deployment import CeleryDeployment, require_redis_server
+from tests.support.postgres_server import wait_until
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

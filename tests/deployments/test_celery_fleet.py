@@ -1,4 +1,4 @@
-"""A fleet on a real CeleryExecutor (tests/celery_deployment.py): 20,000 items sharded over 8 mapped
+"""A fleet on a real CeleryExecutor (tests/support/celery_deployment.py): 20,000 items sharded over 8 mapped
 ResumableBatchOperator instances (tests/celery_dags/celery_fleet.py), 16 sends in flight each, to the
 demo receiver taking 4 ms per notification with dedupe off. A quarter of the way in, every process of
 one worker - its whole session - is SIGKILLed while it runs some shards. Those shards retry on the
@@ -19,7 +19,7 @@ import pytest
 
 from benchmarks import fleet
 from tests.celery_dags.celery_fleet import FLEET_DAG_ID, item_id
-from tests.celery_deployment import require_redis_server
+from tests.support.celery_deployment import require_redis_server
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.airflow_harness import REPO
+from tests.support.airflow_harness import REPO
 
 pytestmark = pytest.mark.airflow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow_harness import REPO
+from tests.support.airflow_harness import REPO
 
 pytestmark = pytest.mark.airflow
 

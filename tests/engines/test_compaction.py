@@ -26,7 +26,9 @@ from airflow_resumable.exceptions import StaleDecisionError
 from airflow_resumable.journal import HeldReason, NotHeldError, Status, StepJournal
 from airflow_resumable.journal.compaction import compact_item, expand_item
 from airflow_resumable.runner import Step, StepContext, run_batch
-from tests import backends
+from tests.support import backends
+
+pytestmark = pytest.mark.core
 
 JOB = "dag/send/run-1"
 
@@ -580,7 +582,7 @@ def compacting(location, job_id: str):
 def test_a_decision_waits_out_a_compaction_batch(journal_location):
     """A person decides while a compaction batch holds the job: the decision waits until it lets go
     (as a run does), then applies."""
-    from tests.scenario import held_job
+    from tests.support.scenario import held_job
 
     held_job(journal_location, JOB)
     with compacting(journal_location, JOB) as let_go, StepJournal(journal_location) as journal:
@@ -593,7 +595,7 @@ def test_a_decision_refused_by_a_long_compaction_names_the_compaction(journal_lo
     """A compaction batch that holds the job past the wait: the refusal names the compaction (never a
     run that is not there) and nothing changes; once it let go, the same decision applies."""
     from airflow_resumable.journal import JobBusyError, backend
-    from tests.scenario import held_job
+    from tests.support.scenario import held_job
 
     held_job(journal_location, JOB)
     monkeypatch.setattr(backend, "BRIEF_WAIT_SECONDS", 0.3)

@@ -24,8 +24,10 @@ from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, migrate
 from airflow_resumable.journal import schema as journal_schema
 from airflow_resumable.journal.records import MAX_ID_LENGTH, MAX_JOB_ID_LENGTH
 from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch
-from tests import backends
-from tests.scenario import held_job
+from tests.support import backends
+from tests.support.scenario import held_job
+
+pytestmark = pytest.mark.core
 
 JOB = "fleet_dag/send/scheduled__2026-12-05"
 STEPS_SQL = """INSERT INTO steps (job_id, item_id, step, side_effect, status, digest, receipt, output, error_type,

@@ -24,9 +24,9 @@ import pytest
 from airflow_resumable.exceptions import JournalVersionError
 from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, migrate
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
-from tests import backends
-from tests.old_release import RELEASE, RELEASE_SCHEMA_VERSION, OldRelease, build, has_commit
-from tests.receivers import DurableReceiver
+from tests.support import backends
+from tests.support.old_release import RELEASE, RELEASE_SCHEMA_VERSION, OldRelease, build, has_commit
+from tests.support.receivers import DurableReceiver
 
 JOB = "fleet/newsletter"
 OTHER_JOB = "fleet/digest"  # another job of the same fleet, which a worker of the new release picks up
@@ -50,7 +50,7 @@ def receiver(tmp_path) -> DurableReceiver:
 
 
 def new_release_steps(receiver: DurableReceiver) -> list[Step]:
-    """The old workers' batch (tests/old_release.py's WORKER) as a worker of this release runs it."""
+    """The old workers' batch (tests/support/old_release.py's WORKER) as a worker of this release runs it."""
 
     def render(item: Mapping[str, Any], ctx: StepContext) -> str:
         return "Hello " + item["id"]

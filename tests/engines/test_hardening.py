@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.journal import JournalLocationError, StepJournal
-from tests.crash_child import EXIT_BUSY, ChildRun
 from tests.faces.test_cli import cli
-from tests.receivers import DurableReceiver
-from tests.scenario import held_job
+from tests.support.crash_child import EXIT_BUSY, ChildRun
+from tests.support.receivers import DurableReceiver
+from tests.support.scenario import held_job
 
 JOB = "hardening/job-1"
 
@@ -223,8 +223,8 @@ HELD_JOB = "hardening_dag/send/run-with-held-items"
 @pytest.fixture(scope="module")
 def ui_server(airflow_template, tmp_path_factory):
     from airflow_resumable.runner import Step, run_batch
-    from tests import airflow_server
     from tests.core.test_receipt_log import log_line
+    from tests.support import airflow_server
 
     tmp = tmp_path_factory.mktemp("ui-hardening")
     journal_path = tmp / "worker" / "journal.sqlite3"
@@ -250,7 +250,7 @@ def ui_server(airflow_template, tmp_path_factory):
 
 
 def _get(server, path: str, accept: str = "application/json"):
-    from tests import airflow_server
+    from tests.support import airflow_server
 
     return airflow_server.get(server.url + "/resumable" + path, bearer=airflow_server.token(server.url, "admin"),
                               accept=accept)
@@ -288,7 +288,7 @@ def test_finding_6_every_listed_job_has_a_page_however_long_its_id(ui_server):
 def test_finding_6_a_page_view_writes_nothing(ui_server):
     from urllib.parse import quote
 
-    from tests.backends import snapshot
+    from tests.support.backends import snapshot
 
     before = snapshot(str(ui_server.journal))
     log_before = ui_server.receipt_log.read_bytes()
@@ -432,7 +432,7 @@ def _post(server, path: str, body, user: str | None = "admin", content_type: str
     import urllib.error
     import urllib.request
 
-    from tests import airflow_server
+    from tests.support import airflow_server
 
     headers = {"Content-Type": content_type, "Accept": "application/json"}
     if user:
@@ -450,8 +450,8 @@ def _post(server, path: str, body, user: str | None = "admin", content_type: str
 def test_finding_2_a_user_who_may_only_read_the_dag_cannot_settle_its_items(ui_server):
     from urllib.parse import quote
 
-    from tests import airflow_server
-    from tests.backends import snapshot
+    from tests.support import airflow_server
+    from tests.support.backends import snapshot
 
     decision = {"job_id": HELD_JOB, "item_id": "held-1", "step": "send", "decision": "delivered", "receipt": "r-1"}
     before = snapshot(str(ui_server.journal))
@@ -487,7 +487,7 @@ def test_finding_2_a_user_who_may_act_on_the_dag_settles_it_as_themself(ui_serve
 @pytest.mark.airflow
 def test_the_job_page_settles_several_held_items_at_once_all_or_nothing(ui_server):
     """POST /api/resolve-many (the job page's form), as the signed-in user, all or nothing."""
-    from tests.backends import snapshot
+    from tests.support.backends import snapshot
 
     job = "hardening_dag/send/run-with-three-held"
     for item in ("h-1", "h-2", "h-3"):

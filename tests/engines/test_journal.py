@@ -35,7 +35,9 @@ from airflow_resumable.journal import (
     StepJournal,
 )
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
-from tests import backends
+from tests.support import backends
+
+pytestmark = pytest.mark.core
 
 JOB = "journal/job"
 

@@ -3,7 +3,7 @@
 Both tests start a throwaway cluster of their own (never the session's shared one) and tear down
 everything they start - processes, network namespace, veth pair, cluster - even when they fail.
 
-* Server crash: ``pg_ctl restart -m immediate`` while a runner process (tests/crash_child.py) is
+* Server crash: ``pg_ctl restart -m immediate`` while a runner process (tests/support/crash_child.py) is
   sending. The runner must stop with a clear ``JournalConnectionError`` (the journal never
   reconnects); every delivery the receiver has must have a committed ``IN_FLIGHT`` or ``SUCCEEDED``
   row (the ``IN_FLIGHT`` marks are synchronous commits under ``durability="full"``); resuming, with
@@ -32,9 +32,11 @@ import pytest
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import idempotency_key
 from tests.core.test_crash_matrix import check_marks_guard_every_delivery
-from tests.crash_child import EXIT_COMPLETED, EXIT_NEEDS_REVIEW, ChildRun
-from tests.postgres_server import HOW_TO_ENABLE, PostgresCluster, server_bindir, wait_until
-from tests.receivers import DurableReceiver
+from tests.support.crash_child import EXIT_COMPLETED, EXIT_NEEDS_REVIEW, ChildRun
+from tests.support.postgres_server import HOW_TO_ENABLE, PostgresCluster, server_bindir, wait_until
+from tests.support.receivers import DurableReceiver
+
+pytestmark = pytest.mark.core
 
 REPO = Path(__file__).resolve().parents[2]
 SEND = "notify_external"
@@ -185,7 +187,7 @@ CUT_ITEMS = 20
 CUT_ITEM = "item-006"  # runner A has delivered items 1-5 when the link goes down
 CLAIM_TIMEOUT = 9.0
 
-# A runner for this test: like tests/crash_child.py, but it opens the journal with a claim_timeout,
+# A runner for this test: like tests/support/crash_child.py, but it opens the journal with a claim_timeout,
 # reports events (with time.monotonic(), one clock for every process of the host) to a file, and in
 # --retry-busy mode tries again every so many seconds while the job is held by someone else.
 RUNNER = r'''
@@ -193,7 +195,7 @@ import argparse, json, os, sys, time
 sys.path.insert(0, REPO)
 from airflow_resumable.journal import JobBusyError, StepJournal
 from airflow_resumable.runner import Step, run_batch
-from tests.receivers import DurableReceiver
+from tests.support.receivers import DurableReceiver
 
 p = argparse.ArgumentParser()
 p.add_argument("--url", required=True)

@@ -25,9 +25,11 @@ from airflow_resumable.journal import (
     migrate,
 )
 from airflow_resumable.runner import Step, StepContext, run_batch
-from tests import backends
-from tests.backends import snapshot
-from tests.scenario import held_job
+from tests.support import backends
+from tests.support.backends import snapshot
+from tests.support.scenario import held_job
+
+pytestmark = pytest.mark.core
 
 JOB = "pg/job"
 
@@ -285,7 +287,7 @@ def test_a_url_of_another_kind_is_refused_and_nothing_is_created(tmp_path, monke
 
 
 def test_a_server_that_does_not_answer_is_a_clear_error_and_nothing_is_sent():
-    from tests.postgres_server import free_port
+    from tests.support.postgres_server import free_port
 
     sent: list[str] = []
     with pytest.raises(JournalConnectionError, match="cannot connect") as info:

@@ -15,6 +15,8 @@ import pytest
 from airflow_resumable.journal import HeldReason, HeldStep, Status, StepJournal
 from airflow_resumable.runner import Step, StepContext, run_batch
 
+pytestmark = pytest.mark.core
+
 SECRET = "sk_live_SECRET123"
 JOB = "secrets/job"
 
@@ -166,7 +168,7 @@ def test_the_postgres_byte_scan_finds_a_token_that_was_written(postgres, postgre
 def test_the_database_password_is_never_shown(postgres, postgres_url, caplog):
     """A journal URL carries a password: repr, location, errors and logs name the server, never the password."""
     from airflow_resumable.exceptions import JournalConnectionError
-    from tests.postgres_server import free_port
+    from tests.support.postgres_server import free_port
 
     password = "pw_SECRET_777"
     caplog.set_level(logging.DEBUG)

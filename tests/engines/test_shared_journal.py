@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from airflow_resumable.journal import Status, StepJournal
-from tests.crash_child import EXIT_COMPLETED, ChildRun
-from tests.receivers import DurableReceiver
+from tests.support.crash_child import EXIT_COMPLETED, ChildRun
+from tests.support.receivers import DurableReceiver
+
+pytestmark = pytest.mark.core
 
 PROCESSES = 8
 ITEMS = 1000

@@ -10,8 +10,10 @@ import pytest
 from airflow_resumable.exceptions import ResolutionError, StaleDecisionError
 from airflow_resumable.journal import HeldReason, JobBusyError, StepJournal
 from airflow_resumable.runner import NOT_DELIVERED, Step, StepContext, run_batch, verify_held
-from tests import backends
-from tests.scenario import held_job
+from tests.support import backends
+from tests.support.scenario import held_job
+
+pytestmark = pytest.mark.core
 
 JOB = "versions/job"
 

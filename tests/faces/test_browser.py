@@ -20,9 +20,9 @@ import pytest
 
 from airflow_resumable.runner import idempotency_key
 from demo.__main__ import Receiver
-from tests import airflow_server
-from tests.airflow_harness import REPO, base_env, migrated_template
-from tests.airflow_server import api
+from tests.support import airflow_server
+from tests.support.airflow_harness import REPO, base_env, migrated_template
+from tests.support.airflow_server import api
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 
@@ -276,7 +276,7 @@ def test_several_held_items_settled_from_the_job_page(airflow_up):
     from playwright.sync_api import expect
 
     from airflow_resumable.journal import StepJournal
-    from tests.scenario import held_job
+    from tests.support.scenario import held_job
 
     server = airflow_up
     job_id = "article_resumable/send/three-held"

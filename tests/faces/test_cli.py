@@ -16,7 +16,9 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
-from tests.backends import snapshot as snapshot_of
+from tests.support.backends import snapshot as snapshot_of
+
+pytestmark = pytest.mark.core
 
 CLI = str(Path(sys.executable).with_name("airflow-resumable"))
 
@@ -471,7 +473,7 @@ def shared_journal_cli(postgres_url: str) -> tuple[Any, str]:
 
 def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_through_again(postgres_url):
     from airflow_resumable.exceptions import JournalVersionError
-    from tests.backends import assert_counts_exact, postgres_downgrade_to_6
+    from tests.support.backends import assert_counts_exact, postgres_downgrade_to_6
 
     two_holds(postgres_url)
     postgres_downgrade_to_6(postgres_url)  # as the previous release left it
@@ -506,7 +508,7 @@ def test_migrate_creates_a_new_shared_journal(postgres_url):
 
 
 def test_migrate_on_sqlite_moves_an_older_file_and_leaves_a_missing_one_to_the_first_task(journal_path):
-    from tests.backends import sqlite_downgrade
+    from tests.support.backends import sqlite_downgrade
 
     assert cli(journal_path, "migrate").stdout == f"journal {journal_path}: already at schema version 8\n"
     sqlite_downgrade(journal_path, 6)

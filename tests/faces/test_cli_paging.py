@@ -18,9 +18,9 @@ import pytest
 from airflow_resumable.cli import command_line, output, paging
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, run_batch
-from tests import backends
-from tests.backends import snapshot
 from tests.faces.test_cli import SETTINGS_GIVEN, cli, two_holds
+from tests.support import backends
+from tests.support.backends import snapshot
 
 MORE = re.compile(r"more: --cursor (\S+)  \(or --all\)")
 FINISHED_JOBS = [f"job-{n}" for n in range(5)]  # created in this order; jobs lists newest first

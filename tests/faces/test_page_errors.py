@@ -10,8 +10,8 @@ from fastapi import HTTPException
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.plugins.journal_access import open_journal
-from tests.backends import snapshot
-from tests.scenario import held_job
+from tests.support.backends import snapshot
+from tests.support.scenario import held_job
 
 
 def test_a_decision_on_a_journal_locked_past_the_busy_timeout_is_a_503_and_changes_nothing(tmp_path, monkeypatch):

@@ -27,9 +27,9 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, StepContext, run_batch
-from tests import airflow_server
-from tests.airflow_harness import base_env
-from tests.backends import snapshot
+from tests.support import airflow_server
+from tests.support.airflow_harness import base_env
+from tests.support.backends import snapshot
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

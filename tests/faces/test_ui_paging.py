@@ -15,8 +15,8 @@ from urllib.parse import quote, urlencode
 import pytest
 
 from airflow_resumable.journal import StepJournal
-from tests import airflow_server
-from tests.backends import assert_counts_exact, execute
+from tests.support import airflow_server
+from tests.support.backends import assert_counts_exact, execute
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow]
 

@@ -14,10 +14,10 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, idempotency_key, run_batch
-from tests import airflow_server
-from tests.airflow_harness import base_env
+from tests.support import airflow_server
+from tests.support.airflow_harness import base_env
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow]
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.compat]
 
 HELD_JOB = "article_hold/send/manual__2026-12-02T10:00:00+00:00"
 DONE_JOB = "article_hold/send/manual__2026-12-01T10:00:00+00:00"

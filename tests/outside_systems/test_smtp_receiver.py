@@ -19,7 +19,7 @@ import pytest
 
 from airflow_resumable.journal import HeldReason, Status, StepJournal
 from airflow_resumable.runner import NotSentError, Step, StepContext, idempotency_key, run_batch
-from tests.mail_servers import (
+from tests.support.mail_servers import (
     ARCHIVE_ADDRESS,
     ARCHIVE_FOLDER,
     REPO,
@@ -56,6 +56,7 @@ def closed_port() -> int:
     return free_port()  # free a moment ago: nobody listens, connecting is refused
 
 
+@pytest.mark.compat
 class TestWithoutServers:
     """What needs no mail server: the Message-ID, refusals of bad settings and bad items, a refused connect."""
 
@@ -278,7 +279,7 @@ def test_a_refusal_sends_nothing_and_a_permanent_one_fails_without_retrying(mail
 
 
 def sender(journal_location, job_id: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tests.mail_servers", "send", "--journal", str(journal_location),
+    return subprocess.Popen([sys.executable, "-m", "tests.support.mail_servers", "send", "--journal", str(journal_location),
                              "--job", job_id, "--count", "10"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
 
 

@@ -16,7 +16,7 @@
   one of the points of :class:`Fault`, optionally pausing there first so a test can SIGKILL the
   sending process at exactly that point.
 
-``python -m tests.mail_servers smtp ...`` runs the sink; ``python -m tests.mail_servers send ...`` is
+``python -m tests.support.mail_servers smtp ...`` runs the sink; ``python -m tests.support.mail_servers send ...`` is
 the batch process the crash tests kill (see :func:`_send_main`).
 """
 
@@ -43,7 +43,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # this file is tests/support/<name>.py
 ARCHIVE_FOLDER = "Archive"
 ARCHIVE_ADDRESS = "archive@mail.test"
 IMAP_USER, IMAP_PASSWORD = "mail", "mail-secret"
@@ -112,7 +112,7 @@ class SmtpSink:
         self.log = maildir.parent / "smtp-sink.log"
         with self.log.open("w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.mail_servers", "smtp", "--port", str(self.port),
+                [sys.executable, "-m", "tests.support.mail_servers", "smtp", "--port", str(self.port),
                  "--maildir", str(maildir), "--archive", ARCHIVE_ADDRESS],
                 cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
             )
@@ -602,7 +602,7 @@ def _send_main(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m tests.mail_servers")
+    parser = argparse.ArgumentParser(prog="python -m tests.support.mail_servers")
     commands = parser.add_subparsers(dest="command", required=True)
     smtp = commands.add_parser("smtp", help="run the SMTP sink")
     smtp.add_argument("--port", type=int, required=True)

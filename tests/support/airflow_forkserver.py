@@ -2,7 +2,7 @@
 
 An `airflow dags test` of a 50-item DAG costs ~13 s of CPU here, and ~10 of them are the same in every
 run: importing Airflow and building the in-process execution API (its versioned routes). Each pytest
-process starts this server once (``python -m tests.airflow_forkserver``, in the same virtual environment):
+process starts this server once (``python -m tests.support.airflow_forkserver``, in the same virtual environment):
 it imports what every command imports and builds the execution API that ``in_process_api_server()``
 caches for the process (Airflow 3.3's own cache; on 3.1 and 3.2, which build it for every task, the
 server adds that cache). Each command is then a fork of it that takes the test's environment,
@@ -10,14 +10,14 @@ working directory and argv, sets Airflow up again from that environment (``setti
 as at import) and runs ``airflow.__main__.main()`` (or a module, as ``python -m`` does) with its
 output in files. Its exit code is the command's, as ``subprocess.run`` reports it.
 
-Only commands run to completion go through here (:meth:`tests.airflow_harness.Airflow.run` and
+Only commands run to completion go through here (:meth:`tests.support.airflow_harness.Airflow.run` and
 ``rerun``); a command a test signals or waits beside (``Airflow.popen``) is a process of its own. A
 test that sets Airflow settings of its own (statsd, the state store) gets a server started with them.
 ``RESUMABLE_TEST_AIRFLOW_FORK=0`` turns the server off: every command is then a new process.
 
 The protocol, one JSON line each way on the server's stdin/stdout: a request ``{"argv", "env", "cwd",
 "stdout", "stderr"}`` -> ``{"pid"}`` at once, then ``{"returncode", "cpu"}`` when the fork ended (its
-user and system seconds: the tests' CPU report counts them, tests/cpu_report.py).
+user and system seconds: the tests' CPU report counts them, tests/support/cpu_report.py).
 """
 
 from __future__ import annotations
@@ -176,7 +176,7 @@ class ForkServer:
 
     def __init__(self, env: dict[str, str], cwd: Path, log: Path) -> None:
         with log.open("w") as stderr:  # the server's own output (Airflow's start-up): for a post-mortem
-            self.proc = subprocess.Popen([sys.executable, "-m", "tests.airflow_forkserver"], env=env, cwd=cwd,
+            self.proc = subprocess.Popen([sys.executable, "-m", "tests.support.airflow_forkserver"], env=env, cwd=cwd,
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr, text=True)
         self.log = log
         self._pending = b""  # read from the server, not yet a whole line
@@ -202,7 +202,7 @@ class ForkServer:
 
     @staticmethod
     def _count_cpu(cpu: list[float]) -> None:
-        from tests import cpu_report
+        from tests.support import cpu_report
 
         cpu_report.count_foreign(*cpu)
 

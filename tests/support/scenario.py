@@ -9,7 +9,7 @@ import pytest
 
 from airflow_resumable.journal import StepJournal
 from airflow_resumable.runner import Step, StepContext, run_batch
-from tests.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
+from tests.support.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 
 STEP_NAMES = ("validate", "transform", "notify_external")
 

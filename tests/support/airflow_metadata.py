@@ -36,14 +36,14 @@ class MetadataDB:
     def _checked(self) -> bool:
         if airflow_version() not in CHECKED_MINORS:
             raise AssertionError(
-                f"tests/airflow_metadata.py reads Airflow's tables as of {CHECKED_MINORS}; Airflow "
+                f"tests/support/airflow_metadata.py reads Airflow's tables as of {CHECKED_MINORS}; Airflow "
                 f"{airflow_version()} is not checked: compare its tables and extend CHECKED_MINORS")
         with self._connect() as db:
             for table, wanted in COLUMNS.items():
                 have = {row[1] for row in db.execute(f"PRAGMA table_info({table})")}
                 if not wanted <= have:
                     raise AssertionError(f"Airflow {airflow_version()} changed table {table}: missing columns "
-                                         f"{sorted(wanted - have)}; update tests/airflow_metadata.py")
+                                         f"{sorted(wanted - have)}; update tests/support/airflow_metadata.py")
         return True
 
     def _connect(self) -> sqlite3.Connection:

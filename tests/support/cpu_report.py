@@ -4,7 +4,7 @@ every child it waited for (Airflow processes, servers a module starts and stops)
 Loaded by tests/conftest.py. When ``RESUMABLE_CPU_REPORT`` names a folder, each pytest process (every
 xdist worker) writes ``<label>-<worker>.json`` there at the end (``RESUMABLE_CPU_LABEL``: which run,
 e.g. ``make-test`` or ``cell-python-3.13``), plus the session's PostgreSQL server (a daemon nobody
-waits for: its postmaster's own and its children's time, read from /proc). ``python -m tests.cpu_report
+waits for: its postmaster's own and its children's time, read from /proc). ``python -m tests.support.cpu_report
 FOLDER`` prints the table `.ci/run` ends with. A module runs whole on one worker (``--dist loadfile``),
 so its figures are its own; a module split over several workers is summed.
 """
@@ -27,7 +27,7 @@ _FOREIGN = [0.0, 0.0]
 
 def count_foreign(user: float, system: float) -> None:
     """Count CPU spent for this process by processes it does not wait for itself (forks of the Airflow
-    fork server, tests/airflow_forkserver.py: their parent waits for them and reports it)."""
+    fork server, tests/support/airflow_forkserver.py: their parent waits for them and reports it)."""
     _FOREIGN[0] += user
     _FOREIGN[1] += system
 

@@ -11,10 +11,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests import airflow_forkserver
-from tests.airflow_metadata import MetadataDB
+from tests.support import airflow_forkserver
+from tests.support.airflow_metadata import MetadataDB
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # this file is tests/support/<name>.py
 AIRFLOW = str(Path(sys.executable).with_name("airflow"))
 
 
@@ -92,7 +92,7 @@ class Airflow:
 
     def _command(self, argv: list[str], cwd: Path, timeout: float) -> subprocess.CompletedProcess[str]:
         """``airflow argv`` (or ``python -m ...`` when argv starts with "-m") run to its end: a fork of the
-        pre-imported Airflow (tests/airflow_forkserver.py), or a new process when that is switched off."""
+        pre-imported Airflow (tests/support/airflow_forkserver.py), or a new process when that is switched off."""
         server = airflow_forkserver.server(self.env, REPO)
         if server is not None:
             return server.run(argv, self.env, cwd, self.home / "commands", timeout)
@@ -108,7 +108,7 @@ class Airflow:
 
     def rerun(self, dag_id: str, run_id: str) -> subprocess.CompletedProcess[str]:
         """Re-run an existing DAG run after its tasks were cleared (what the scheduler does)."""
-        proc = self._command(["-m", "tests.airflow_rerun", dag_id, run_id], REPO, 300)
+        proc = self._command(["-m", "tests.support.airflow_rerun", dag_id, run_id], REPO, 300)
         (self.home / "last-output.txt").write_text(proc.stdout + proc.stderr)
         return proc
 
@@ -130,7 +130,7 @@ class Airflow:
             args += ["-c", json.dumps(conf)]
         return self.run(*args)
 
-    # -- reading the metadata DB (tests/airflow_metadata.py: version-checked, read-only) --------
+    # -- reading the metadata DB (tests/support/airflow_metadata.py: version-checked, read-only) ---
 
     @property
     def metadata(self) -> MetadataDB:

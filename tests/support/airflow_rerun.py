@@ -1,12 +1,12 @@
 """Drive an existing, cleared DagRun in-process, as the scheduler would after a UI "Clear".
 
-Usage: python -m tests.airflow_rerun DAG_ID RUN_ID (after `airflow tasks clear`).
+Usage: python -m tests.support.airflow_rerun DAG_ID RUN_ID (after `airflow tasks clear`).
 
 `dag.test()` cannot do this: it deletes a run with the same logical date and makes a new one. This
 mirrors the loop inside `DAG.test()` (Airflow 3.3) on the existing run instead, so try_number goes
 up and the task state store is kept, as with a real Clear. It uses `_run_task`, the private helper
 `dag.test()` itself calls. This is the one place the tests use Airflow's private APIs (and
-tests/airflow_metadata.py the one place they read Airflow's tables); both check the Airflow version
+tests/support/airflow_metadata.py the one place they read Airflow's tables); both check the Airflow version
 first. The imports that moved between 3.1 and 3.2 are tried in order.
 """
 
@@ -17,10 +17,10 @@ import time
 
 
 def main(dag_id: str, run_id: str) -> int:
-    from tests.airflow_metadata import CHECKED_MINORS, airflow_version
+    from tests.support.airflow_metadata import CHECKED_MINORS, airflow_version
 
     if airflow_version() not in CHECKED_MINORS:  # private APIs: checked on these minors only (the CI matrix)
-        sys.exit(f"tests/airflow_rerun.py drives private Airflow APIs checked on {CHECKED_MINORS}, not on "
+        sys.exit(f"tests/support/airflow_rerun.py drives private Airflow APIs checked on {CHECKED_MINORS}, not on "
                  f"{airflow_version()}: compare DAG.test() of that Airflow and extend CHECKED_MINORS")
     from airflow import settings
     from airflow._shared.timezones import timezone

@@ -17,7 +17,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.airflow_harness import AIRFLOW, base_env
+from tests.support.airflow_harness import AIRFLOW, base_env
 
 USERS = {"admin": "admin-password", "viewer": "viewer-password"}
 

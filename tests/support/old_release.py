@@ -2,7 +2,7 @@
 history, installed into a virtual environment of its own (outside the checkout, nothing imported from
 it), and a worker script that runs a batch with that release's core API against a shared journal.
 
-The worker sends through :class:`tests.receivers.DurableReceiver` (loaded from its file, so the old
+The worker sends through :class:`tests.support.receivers.DurableReceiver` (loaded from its file, so the old
 interpreter imports nothing else of this checkout): old and new workers deliver to one receiver,
 which counts every delivery per idempotency key.
 """
@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]  # this file is tests/support/<name>.py
 RECEIVERS = Path(__file__).resolve().with_name("receivers.py")
 
 RELEASE = "0.2.0"

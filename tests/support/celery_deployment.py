@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests import airflow_server
-from tests.airflow_harness import AIRFLOW, REPO, base_env
-from tests.postgres_server import create_database, wait_until
+from tests.support import airflow_server
+from tests.support.airflow_harness import AIRFLOW, REPO, base_env
+from tests.support.postgres_server import create_database, wait_until
 
 WORKER_NAME_ENV = "RESUMABLE_TEST_WORKER_NAME"
 
@@ -185,7 +185,7 @@ class CeleryDeployment:
             AIRFLOW__CELERY__RESULT_BACKEND="db+" + meta,
             AIRFLOW__CELERY__BROKER_URL=f"redis://127.0.0.1:{self.redis_port}/0",
             AIRFLOW__CELERY__WORKER_CONCURRENCY=str(self.worker_concurrency),
-            AIRFLOW__CORE__HOSTNAME_CALLABLE="tests.celery_deployment.worker_hostname",
+            AIRFLOW__CORE__HOSTNAME_CALLABLE="tests.support.celery_deployment.worker_hostname",
             AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION="False",
             AIRFLOW__CORE__PARALLELISM=str(max(8, 2 * self.worker_concurrency)),
             # A killed worker's task is found by its missing heartbeat: wait 20 s, not the default 300.

@@ -96,7 +96,7 @@ class PostgresCluster:
 
     def postmaster_cpu(self) -> list[float] | None:
         """(user, system, 0) seconds the server has used so far: its postmaster and every backend it reaped."""
-        from tests.cpu_report import process_tree_cpu
+        from tests.support.cpu_report import process_tree_cpu
 
         try:
             pid = int((self.data / "postmaster.pid").read_text().split()[0])

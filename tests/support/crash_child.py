@@ -1,6 +1,6 @@
 """A runner process for the crash and lock tests: runs one job, optionally pausing at a boundary.
 
-Run as ``python tests/crash_child.py --journal J --receiver R --job JOB [options]``. The parent test
+Run as ``python tests/support/crash_child.py --journal J --receiver R --job JOB [options]``. The parent test
 SIGKILLs it while it is paused (or at a random moment). With ``--pause-at BOUNDARY --pause-item ID``
 the child writes ``--marker`` when it reaches that boundary for that item, then blocks until
 ``--release`` exists (forever if not given), so the parent knows exactly where the kill lands:
@@ -35,11 +35,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: this file is tests/support/crash_child.py
 
 from airflow_resumable.journal import JobBusyError, JobRun, StepJournal  # noqa: E402
 from airflow_resumable.runner import NOT_DELIVERED, Step, run_batch  # noqa: E402
-from tests.receivers import DurableReceiver  # noqa: E402
+from tests.support.receivers import DurableReceiver  # noqa: E402
 
 BOUNDARIES = ("local", "before_send", "after_accept", "after_reply")
 EXIT_COMPLETED, EXIT_NEEDS_REVIEW, EXIT_BUSY, EXIT_SEND_FAILED = 0, 3, 4, 5
