@@ -10,23 +10,13 @@ The journal's other errors (``JobPrunedError``, ``StaleDecisionError``, ...) are
 catches most are importable from here too.
 """
 
-from airflow_resumable.exceptions import JobBusyError, JournalError, JournalLocationError, NotHeldError
+# One statement a line, not ruff's merged column of names: the face reads as the list of what it exports.
+from airflow_resumable.exceptions import JobBusyError, JournalError, JournalLocationError, NotHeldError  # noqa: I001
 from airflow_resumable.journal.base import StepJournal, migrate
 from airflow_resumable.journal.engines import is_postgres_url
 from airflow_resumable.journal.jobrun import JobRun
-from airflow_resumable.journal.records import (
-    DECISIONS,
-    DECISIONS_BY_REASON,
-    JOB_STATUSES,
-    HeldReason,
-    HeldStep,
-    JobSummary,
-    Page,
-    Resolution,
-    Status,
-    StepRecord,
-    StepState,
-)
+from airflow_resumable.journal.records import DECISIONS, DECISIONS_BY_REASON, JOB_STATUSES, HeldReason, HeldStep
+from airflow_resumable.journal.records import JobSummary, Page, Resolution, Status, StepRecord, StepState
 from airflow_resumable.journal.schema import SCHEMA_VERSION
 
 __all__ = [
