@@ -42,6 +42,7 @@ __all__ = [
     "OutcomeUnknownError",
     "PageError",
     "ReceiverError",
+    "ReceiverRefused",
     "ReceiverUnreachable",
     "ResolutionError",
     "ResolutionRefused",
@@ -171,6 +172,23 @@ class ReceiverError(OutcomeUnknownError):
     def __init__(self, status: int) -> None:
         super().__init__(f"receiver answered HTTP {status}")
         self.status = status
+
+
+class ReceiverRefused(NotSentError):
+    """The receiver refused the send for now and said so (HTTP 429 unless configured otherwise): it did
+    not take it. The next attempt sends it again with the same key, without a look-up or a hold.
+
+    :param status: the HTTP status code of the refusal.
+    :param retry_after: the seconds the receiver asked to wait (its ``Retry-After``, given in seconds or
+        as an HTTP date), None when it named none.
+    """
+
+    def __init__(self, status: int, *, retry_after: float | None = None) -> None:
+        wait = f"; it asked to wait {retry_after:g} s" if retry_after is not None else ""
+        super().__init__(f"receiver refused the send for now: HTTP {status}{wait}; nothing was taken, the next "
+                         "attempt sends it again")
+        self.status = status
+        self.retry_after = retry_after
 
 
 class ReceiverUnreachable(NotSentError):

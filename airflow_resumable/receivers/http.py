@@ -13,6 +13,12 @@ certain to have written no byte of the request: ``notify`` raises ``ReceiverUnre
 ``NotSentError``) for those, and the next run sends the item without verify or hold. A TLS handshake
 failure, a proxy error or a reset on a reused connection stay unknown: they are not proof.
 
+A refusal the receiver states is not an unknown outcome: a reply with a status in ``refusal_statuses``
+(HTTP 429 unless configured otherwise) says it did not take the POST, so ``notify`` raises
+``ReceiverRefused`` (a ``NotSentError``, carrying the ``Retry-After`` it named) and the item is sent again
+with the same key, never looked up and never held. A 503 stays an unknown outcome unless the receiver is
+configured to mean "not processed" by it.
+
 Neither follows a redirect. For ``verify`` a 3xx, or a 2xx that names no receipt, is "cannot tell"
 (``None``: the runner holds), never ``NOT_DELIVERED`` and never a receipt ``"None"``.
 """
@@ -20,7 +26,9 @@ Neither follows a redirect. For ``verify`` a 3xx, or a 2xx that names no receipt
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Collection, Mapping
+from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import Any
 
@@ -28,14 +36,53 @@ import requests
 from airflow.providers.http.hooks.http import HttpHook
 from urllib3.exceptions import NewConnectionError
 
-from airflow_resumable.exceptions import ReceiverError, ReceiverUnreachable
+from airflow_resumable.exceptions import NotSentError, ReceiverError, ReceiverRefused, ReceiverUnreachable
 from airflow_resumable.runner import NOT_DELIVERED, NotDelivered, StepContext
 
 __all__ = ["HttpReceiver"]
 
 # Our settings in the connection's extra. HttpHook sends every other extra field as a request header;
 # a header set to None is dropped when requests merges the session's headers into the request's.
-_NOT_HEADERS: dict[str, Any] = {"lookup_authoritative": None}
+_NOT_HEADERS: dict[str, Any] = {"lookup_authoritative": None, "refusal_statuses": None}
+# The receiver's "not now" (Too Many Requests): it did not take the request.
+DEFAULT_REFUSAL_STATUSES = (429,)
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    """The seconds a ``Retry-After`` header asks to wait (given in seconds or as an HTTP date); None when
+    there is none or it cannot be read."""
+    value = (response.headers.get("Retry-After") or "").strip()
+    if not value:
+        return None
+    if value.isdigit():
+        return float(value)
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # an HTTP date is GMT; one written without a zone is read as GMT too
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _checked_statuses(value: Any, where: str) -> frozenset[int]:
+    """Status codes a receiver refuses with, from a list of integers (or a comma-separated text in a
+    connection's extra); ValueError saying what to write otherwise."""
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    if isinstance(value, (bytes, Mapping)) or not isinstance(value, Collection):
+        raise ValueError(f"{where} must be a list of HTTP status codes, e.g. [429, 503]")
+    statuses = set()
+    for status in value:
+        try:
+            number = int(status)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {str(status)[:20]!r} is not an HTTP status code") from None
+        if isinstance(status, bool) or not 400 <= number <= 599 or str(number) != str(status).strip():
+            raise ValueError(f"{where}: {str(status)[:20]!r} is not an error status (400-599); a refusal must be "
+                             "the receiver saying it did not take the request")
+        statuses.add(number)
+    return frozenset(statuses)
 
 
 def _never_written(exc: requests.exceptions.ConnectionError) -> bool:
@@ -97,6 +144,11 @@ class HttpReceiver:
         wrong path, a proxy's page - is "cannot tell"). Default: the connection's extra ``lookup_authoritative``
         (``true``/``false``), else False - many receivers record asynchronously, and for them a 404
         only means "cannot tell".
+    :param refusal_statuses: the statuses by which the receiver says it did not take the POST ("not now"):
+        ``notify`` raises ``ReceiverRefused`` and the item is sent again with the same key, never looked up.
+        Default: the connection's extra ``refusal_statuses`` (a list, or ``"429,503"``), else ``[429]``.
+        Name a 503 only if the receiver answers it before taking the request (a rate limiter or a
+        load balancer in front of it that never forwarded it).
     """
 
     def __init__(
@@ -109,10 +161,13 @@ class HttpReceiver:
         receipt_field: str = "receipt",
         timeout: float = 10.0,
         lookup_authoritative: bool | None = None,
+        refusal_statuses: Collection[int] | None = None,
     ) -> None:
         if lookup_authoritative is not None and not isinstance(lookup_authoritative, bool):
             raise ValueError("lookup_authoritative must be True, False or None (None: the connection's extra)")
         self._lookup_authoritative = lookup_authoritative
+        self._refusal_statuses = None if refusal_statuses is None else _checked_statuses(refusal_statuses,
+                                                                                           "refusal_statuses")
         self.http_conn_id = http_conn_id
         self.endpoint = endpoint
         self.lookup_endpoint = lookup_endpoint
@@ -129,6 +184,10 @@ class HttpReceiver:
         return HttpHook(method="GET", http_conn_id=self.http_conn_id)
 
     def notify(self, item: Mapping[str, Any], ctx: StepContext) -> str:
+        try:
+            refusals = self.refusal_statuses
+        except ValueError as exc:  # the connection's extra: a check before the request, nothing was sent
+            raise NotSentError(str(exc)) from None
         body = self.payload(item, ctx) if self.payload else {"item_id": ctx.item_id, "step": ctx.step, "item": dict(item)}
         try:
             response = self._post.run(
@@ -143,6 +202,8 @@ class HttpReceiver:
             if _never_written(exc):
                 raise ReceiverUnreachable(f"could not connect to the receiver ({type(exc).__name__})") from exc
             raise
+        if response.status_code in refusals:  # its word that it did not take it: send again
+            raise ReceiverRefused(response.status_code, retry_after=_retry_after(response))
         if response.status_code >= 300:  # a redirect or an error: the receiver may have it, unknown outcome
             raise ReceiverError(response.status_code)
         if response.status_code != 204 and not _json_object(response):
@@ -168,6 +229,16 @@ class HttpReceiver:
         if not isinstance(value, bool):
             raise ValueError(f"connection {self.http_conn_id!r}: extra lookup_authoritative must be true or false")
         return value
+
+    @cached_property
+    def refusal_statuses(self) -> frozenset[int]:
+        """The statuses by which the receiver refuses a send for now (see the class)."""
+        if self._refusal_statuses is not None:
+            return self._refusal_statuses
+        value = self._post.get_connection(self.http_conn_id).extra_dejson.get("refusal_statuses")
+        if value is None:
+            return frozenset(DEFAULT_REFUSAL_STATUSES)
+        return _checked_statuses(value, f"connection {self.http_conn_id!r}: extra refusal_statuses")
 
     def verify(self, ctx: StepContext) -> str | NotDelivered | None:
         response = self._get.run(

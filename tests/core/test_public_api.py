@@ -27,7 +27,7 @@ PUBLIC_API = {
         "InvalidStepOutputError", "JobBusyError", "JobPrunedError", "JournalConfigError", "JournalConnectionError",
         "JournalCorruptError", "JournalDiskFullError", "JournalError", "JournalLocationError", "JournalVersionError",
         "MailNotSent", "MailOutcomeUnknown", "NotHeldError", "NotSentError", "OutcomeUnknownError", "PageError",
-        "ReceiverError", "ReceiverUnreachable", "ResolutionError", "ResolutionRefused", "ResumableError",
+        "ReceiverError", "ReceiverRefused", "ReceiverUnreachable", "ResolutionError", "ResolutionRefused", "ResumableError",
         "StaleDecisionError",
     },
     "airflow_resumable.journal": {
@@ -171,9 +171,15 @@ def test_every_error_is_under_the_one_root():
     for name in PUBLIC_API["airflow_resumable.exceptions"]:
         assert issubclass(getattr(exceptions, name), ResumableError), name
     # A send's error says which of the two it is: sent again unasked, or asked about first.
-    from airflow_resumable.exceptions import MailNotSent, MailOutcomeUnknown, ReceiverError, ReceiverUnreachable
+    from airflow_resumable.exceptions import (
+        MailNotSent,
+        MailOutcomeUnknown,
+        ReceiverError,
+        ReceiverRefused,
+        ReceiverUnreachable,
+    )
 
-    assert issubclass(ReceiverUnreachable, NotSentError) and issubclass(MailNotSent, NotSentError)
+    assert all(issubclass(e, NotSentError) for e in (ReceiverUnreachable, ReceiverRefused, MailNotSent))
     assert issubclass(ReceiverError, OutcomeUnknownError) and issubclass(MailOutcomeUnknown, OutcomeUnknownError)
     assert not issubclass(OutcomeUnknownError, NotSentError) and not issubclass(NotSentError, OutcomeUnknownError)
 

@@ -310,6 +310,14 @@ def reply(status, body=b"", **headers):
     return status, headers, data
 
 
+class Seen(list):
+    """The (method, path) of each request a scripted receiver was sent; ``headers``: each one's headers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[dict[str, str]] = []
+
+
 @pytest.fixture
 def scripted_receiver(monkeypatch):
     """A receiver on 127.0.0.1 that answers as ``answer(method, path)`` says, behind the Airflow connection
@@ -319,12 +327,13 @@ def scripted_receiver(monkeypatch):
     servers = []
 
     def start(answer, extra=None):
-        seen = []
+        seen = Seen()
 
         class Scripted(BaseHTTPRequestHandler):
             def _answer(self):
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 seen.append((self.command, self.path))
+                seen.headers.append({name.lower(): value for name, value in self.headers.items()})
                 status, headers, body = answer(self.command, self.path)
                 self.send_response(status)
                 for name, value in headers.items():
@@ -483,3 +492,120 @@ def test_notify_records_a_2xx_without_receipt_as_delivered_never_as_receipt_none
     assert (first.status, first.executed_steps, again.executed_steps) == ("completed", 1, 0)
     assert row.status == Status.SUCCEEDED and row.receipt == f"HTTP {status}, no receipt in the reply"
     assert seen == [("POST", "/notifications")]
+
+
+# ----------------------------------------------------------------- "not now": a refusal the receiver states
+
+
+def refuse_second_post(status, **headers):
+    """An answer that refuses the second POST it gets with ``status`` (and ``headers``) and takes the rest."""
+    posts = []
+
+    def answer(method, path):
+        if method != "POST":
+            return reply(404, {"receipt": None})
+        posts.append(path)
+        if len(posts) == 2:
+            return reply(status, {"error": "not now"}, **headers)
+        return reply(200, {"receipt": f"r-{len(posts)}"})
+
+    return answer
+
+
+def test_a_429_is_sent_again_with_the_same_key_never_looked_up_or_held(scripted_receiver, tmp_path):
+    """A rate limit's 429 is the receiver's word that it did not take the POST: the run stops with
+    ReceiverRefused carrying the Retry-After; the item is recorded as not sent, and the next run sends it
+    again with the same idempotency key - no look-up, no hold - while every other item is sent once."""
+    from airflow_resumable.exceptions import ReceiverRefused
+    from airflow_resumable.journal import Status
+    from airflow_resumable.receivers.http import HttpReceiver
+
+    seen = scripted_receiver(refuse_second_post(429, Retry_After="7"))
+    http = HttpReceiver("scripted", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    items = [{"id": i} for i in ("a", "b", "c")]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(ReceiverRefused) as refused:
+            run_batch(journal, "job", items, steps)
+        assert (refused.value.status, refused.value.retry_after) == (429, 7.0)
+        (b_row,) = journal.rows("job", "b")
+        assert (b_row.status, b_row.not_sent, b_row.error_type) == (Status.FAILED, True, "ReceiverRefused")
+        again = run_batch(journal, "job", items, steps)
+        assert (again.status, again.held, again.executed_steps) == ("completed", [], 2)
+        assert {r.item_id: r.receipt for r in journal.rows("job")} == {"a": "r-1", "b": "r-3", "c": "r-4"}
+    assert [method for method, _ in seen] == ["POST"] * 4  # a, b refused, then b and c: never a look-up
+    keys = [headers["idempotency-key"] for headers in seen.headers]
+    assert keys[1] == keys[2] and len(set(keys)) == 3
+
+
+def test_a_503_is_an_unknown_outcome_unless_the_connection_names_it_a_refusal(scripted_receiver, tmp_path):
+    """A 503 may come from a receiver that took the request and failed after: it stays an unknown outcome
+    (the next run asks the look-up). A connection whose extra names it a refusal sends it again instead -
+    and that extra, like every setting of ours, never reaches the receiver as a header."""
+    from airflow_resumable.exceptions import ReceiverError, ReceiverRefused
+    from airflow_resumable.journal import HeldReason
+    from airflow_resumable.receivers.http import HttpReceiver
+
+    items = [{"id": i} for i in ("a", "b")]
+    seen = scripted_receiver(refuse_second_post(503))
+    http = HttpReceiver("scripted", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    with StepJournal(tmp_path / "unknown.sqlite3") as journal:
+        with pytest.raises(ReceiverError) as unknown:
+            run_batch(journal, "job", items, steps)
+        assert not isinstance(unknown.value, ReceiverRefused)
+        again = run_batch(journal, "job", items, steps)
+        assert [h.reason for h in again.held] == [HeldReason.UNKNOWN_OUTCOME]
+    assert [method for method, _ in seen] == ["POST", "POST", "GET"]
+
+    seen = scripted_receiver(refuse_second_post(503), extra={"refusal_statuses": [429, 503]})
+    http = HttpReceiver("scripted", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    with StepJournal(tmp_path / "refused.sqlite3") as journal:
+        with pytest.raises(ReceiverRefused) as refused:
+            run_batch(journal, "job", items, steps)
+        assert (refused.value.status, refused.value.retry_after) == (503, None)
+        assert run_batch(journal, "job", items, steps).held == []
+    assert [method for method, _ in seen] == ["POST", "POST", "POST"]
+    assert not any("refusal_statuses" in headers or "lookup_authoritative" in headers for headers in seen.headers)
+
+
+def test_a_retry_after_given_as_an_http_date_is_read_as_seconds(scripted_receiver):
+    from email.utils import formatdate
+
+    from airflow_resumable.exceptions import ReceiverRefused
+    from airflow_resumable.receivers.http import HttpReceiver
+
+    for retry_after, expected in ((formatdate(time.time() + 30, usegmt=True), (20, 30)), ("soon", None)):
+        scripted_receiver(lambda method, path, value=retry_after: reply(429, {}, Retry_After=value))
+        with pytest.raises(ReceiverRefused) as refused:
+            HttpReceiver("scripted", timeout=5).notify({"id": "a"}, a_context())
+        if expected is None:
+            assert refused.value.retry_after is None
+        else:
+            assert expected[0] <= refused.value.retry_after <= expected[1]
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ("abc", "'abc' is not an HTTP status code"),
+    ([200], "'200' is not an error status"),
+    ({"429": True}, "must be a list of HTTP status codes"),
+])
+def test_refusal_statuses_that_are_not_error_statuses_are_refused_before_anything_is_sent(
+        scripted_receiver, tmp_path, extra, message):
+    """A 2xx named a refusal would send a delivered item again: refused, in the constructor or (the
+    connection's extra) before the request - nothing sent, the item left to send when it is fixed."""
+    from airflow_resumable.exceptions import NotSentError
+    from airflow_resumable.journal import Status
+    from airflow_resumable.receivers.http import HttpReceiver
+
+    with pytest.raises(ValueError, match="is not an error status"):
+        HttpReceiver("scripted", refusal_statuses=[429, 204])
+    seen = scripted_receiver(lambda method, path: reply(200, {"receipt": "r"}), extra={"refusal_statuses": extra})
+    http = HttpReceiver("scripted", timeout=5)
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(NotSentError, match=message):
+            run_batch(journal, "job", [{"id": "a"}], [Step("notify", http.notify, side_effect=True)])
+        (row,) = journal.rows("job")
+        assert (row.status, row.not_sent) == (Status.FAILED, True)
+    assert seen == []
