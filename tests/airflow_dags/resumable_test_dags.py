@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from _article import items, items_bad_once, notify, steps, transform, unblock_journal, validate, verify
 from airflow.sdk import DAG
 
+from airflow_resumable._compat import airflow_version
 from airflow_resumable.operators.resolve import ResolveOperator
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
 from airflow_resumable.sensors.held_items import HeldItemSensor
@@ -95,3 +96,16 @@ for _concurrency in (1, 16):
     with DAG(f"stop_c{_concurrency}", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
         ResumableBatchOperator(task_id="send", items=items(300), validate=validate, notify=slow_notify,
                                concurrency=_concurrency)
+
+
+# A receiver that refuses a send for now (HTTP 429, Retry-After); the next try comes when it asked, not
+# after the task's 30-minute retry_delay (Airflow 3.3's retry_policy; the connection from the environment).
+if airflow_version() >= (3, 3):
+    from airflow_resumable.receivers.http import HttpReceiver
+    from airflow_resumable.retry_policy import RetryAfterPolicy
+
+    paced = HttpReceiver("paced_receiver", timeout=10)
+    with DAG("paced_retry", schedule=None, start_date=start, catchup=False,
+             default_args={"retries": 1, "retry_delay": timedelta(minutes=30)}):
+        ResumableBatchOperator(task_id="send", items=[{"id": f"item-{n}"} for n in range(1, 6)],
+                               notify=paced.notify, verify=paced.verify, retry_policy=RetryAfterPolicy())

@@ -52,6 +52,7 @@ PUBLIC_API = {
     "airflow_resumable.triggers.held_items": {"HeldItemTrigger"},
     "airflow_resumable.receivers.http": {"HttpReceiver"},
     "airflow_resumable.receivers.smtp": {"InvalidMessage", "MailRejected", "SmtpReceiver"},
+    "airflow_resumable.retry_policy": {"RetryAfterPolicy"},
 }
 
 # The names a package's face exports besides their home, because the journal's and the runner's

@@ -20,7 +20,7 @@ from tests.support.airflow_harness import REPO
 pytestmark = pytest.mark.airflow
 
 TEMPLATES = {"base.html", "error.html", "held_table.html", "job.html", "jobs.html", "resolve.html"}
-EXAMPLES = {"resolve_held_item.py", "article_scenario.py", "article_email.py"}
+EXAMPLES = {"resolve_held_item.py", "article_scenario.py", "article_email.py", "paced_retry.py"}
 
 
 @pytest.fixture(scope="module")
