@@ -85,9 +85,9 @@ class JournalTarget:
 
     location: str
     shared: bool  # True: a PostgreSQL journal every worker reaches
-    display: str  # for logs and pages: the path, or "connection <id>"
+    display: str  # for logs and pages: the path, "connection <id>", or "<path> (connection <id>)"
     options: dict[str, Any] = field(default_factory=dict)  # StepJournal keywords (schema, claim_timeout)
-    conn_id: str | None = None  # the Airflow connection a shared journal was found through
+    conn_id: str | None = None  # the Airflow connection the journal was found through
 
     def open(self, **kwargs: Any) -> Any:
         from airflow_resumable.journal import StepJournal
@@ -113,8 +113,14 @@ def journal_target(*, conn_id: str | None = None, path: str | os.PathLike[str] |
     chosen_conn_id, chosen_path = _choose(conn_id, path)
     if chosen_conn_id is not None:
         return _connection_target(chosen_conn_id)
+    assert chosen_path is not None
+    return _file_target(chosen_path, str(chosen_path))
+
+
+def _file_target(path: Path, display: str, conn_id: str | None = None) -> JournalTarget:
+    """A SQLite journal on the worker's disk, opened on a network filesystem only if the config allows it."""
     options = {"allow_network_filesystem": True} if default_allow_network_filesystem() else {}
-    return JournalTarget(str(chosen_path), False, str(chosen_path), options)
+    return JournalTarget(str(path), False, display, options, conn_id)
 
 
 def journal_display(*, conn_id: str | None = None, path: str | os.PathLike[str] | None = None) -> str:
@@ -178,8 +184,7 @@ def _sqlite_target(conn_id: str, conn: Any) -> JournalTarget:
     if not conn.host:
         raise JournalConfigError(f"connection {conn_id!r} has no host; set it to the journal file's path")
     path = Path(conn.host).expanduser()
-    options = {"allow_network_filesystem": True} if default_allow_network_filesystem() else {}
-    return JournalTarget(str(path), False, f"{path} (connection {conn_id})", options, conn_id)
+    return _file_target(path, f"{path} (connection {conn_id})", conn_id)
 
 
 def _postgres_target(conn_id: str, conn: Any) -> JournalTarget:

@@ -72,7 +72,7 @@ class HeldItemTrigger(BaseTrigger):
             return {"status": "settled", "job_id": self.job_id} if settled else None
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_resumable._location import JournalConfigError
+        from airflow_resumable.exceptions import JournalConfigError
         from airflow_resumable.journal import JournalError
 
         while True:

@@ -533,8 +533,7 @@ def test_one_error_root_catches_every_error_the_provider_raises():
     import inspect
 
     import airflow_resumable.exceptions as exceptions
-    from airflow_resumable._location import JournalConfigError
-    from airflow_resumable.exceptions import ReceiverError, ResolutionRefused, ResumableError
+    from airflow_resumable.exceptions import JournalConfigError, ReceiverError, ResolutionRefused, ResumableError
     from airflow_resumable.operators.resumable_batch import HeldItemsError, WrongWorkerError
     from airflow_resumable.runner import InvalidItemError
 
