@@ -1,7 +1,7 @@
 from __future__ import annotations
 
+import ast
 import os
-import re
 
 import pytest
 
@@ -25,7 +25,7 @@ def airflow(airflow_template, tmp_path) -> Airflow:
 # A cell of the matrix runs the tests marked for it (pyproject.toml): `-m "core and not postgres_server"`
 # on Pythons with no Airflow installed, `-m compat` on older Airflow. A module says which cells it is in
 # with a `pytest.mark.core` / `pytest.mark.compat` of its own (its pytestmark, or one of its classes).
-# When `-m` requires such a marker, a test module whose text never mentions it is not collected at all:
+# When `-m` requires such a marker, a test module that does not carry it is not collected at all:
 # importing it could only fail (it may import Airflow where none is installed) or cost time, since -m
 # would deselect all of its tests anyway. Only an `and` of terms is read: with `or` or parentheses, and
 # without -m (`make test`), every module is collected as usual.
@@ -40,14 +40,30 @@ def required_cell_markers(markexpr: str) -> set[str]:
     return {word for before, word in zip(["and", *words], words) if word in CELL_MARKERS and before != "not"}
 
 
+def _marks(node: ast.AST) -> set[str]:
+    """The names of the ``pytest.mark.<name>`` anywhere in ``node``."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
+            and n.value.attr == "mark" and isinstance(n.value.value, ast.Name) and n.value.value.id == "pytest"}
+
+
+def module_cells(source: str) -> set[str]:
+    """The cell markers a test module's source gives: in its module-level pytestmark, or on a class of it
+    (read, never imported)."""
+    found: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            found |= _marks(node.value)
+        elif isinstance(node, ast.ClassDef):
+            for decorator in node.decorator_list:
+                found |= _marks(decorator)
+    return found & set(CELL_MARKERS)
+
+
 def pytest_ignore_collect(collection_path, config):
     if not (collection_path.name.startswith("test_") and collection_path.suffix == ".py"):
         return None
     required = required_cell_markers(config.getoption("markexpr") or "")
-    if not required:
-        return None
-    text = collection_path.read_text(encoding="utf-8")
-    if all(re.search(rf"\bpytest\.mark\.{marker}\b", text) for marker in required):
+    if not required or required <= module_cells(collection_path.read_text(encoding="utf-8")):
         return None
     return True
 

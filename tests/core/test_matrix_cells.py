@@ -8,13 +8,12 @@ is read from the texts of the Makefile and the modules; no test module is import
 
 from __future__ import annotations
 
-import ast
 import re
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import CELL_MARKERS, required_cell_markers
+from tests.conftest import CELL_MARKERS, module_cells, required_cell_markers
 
 pytestmark = pytest.mark.core
 
@@ -35,26 +34,8 @@ def make_test_only(makefile: str) -> list[str]:
     return paths
 
 
-def _marks(node: ast.AST) -> set[str]:
-    """The names of the ``pytest.mark.<name>`` anywhere in ``node``."""
-    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute)
-            and n.value.attr == "mark" and isinstance(n.value.value, ast.Name) and n.value.value.id == "pytest"}
-
-
-def cells(source: str) -> set[str]:
-    """The cell markers a module's text gives: in its module-level pytestmark, or on a class of it."""
-    found: set[str] = set()
-    for node in ast.parse(source).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
-            found |= _marks(node.value)
-        elif isinstance(node, ast.ClassDef):
-            for decorator in node.decorator_list:
-                found |= _marks(decorator)
-    return found & set(CELL_MARKERS)
-
-
 def cells_of(module: str) -> set[str]:
-    return cells((REPO / module).read_text(encoding="utf-8"))
+    return module_cells((REPO / module).read_text(encoding="utf-8"))
 
 
 def test_every_test_module_is_in_a_cell_or_listed_as_run_by_make_test_only():
