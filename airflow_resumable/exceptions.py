@@ -43,6 +43,7 @@ __all__ = [
     "PageError",
     "ReceiverError",
     "ReceiverRefused",
+    "ReceiverUnavailableError",
     "ReceiverUnreachable",
     "ResolutionError",
     "ResolutionRefused",
@@ -140,6 +141,31 @@ class BatchStopped(ResumableError):
     """The run was asked to stop (``stop`` was set: Airflow's on_kill, "mark failed/success", Clear).
     No send was started after that; the sends already in flight were recorded as they finished. The
     job is left unfinished: run it again (a retry or a Clear) to resume."""
+
+
+class ReceiverUnavailableError(ResumableError):
+    """The run settled what it could in the task and stopped with items still waiting for the receiver:
+    it kept refusing or failing past the attempts allowed (or asked to wait longer than a run waits).
+    Nothing waiting was held for a person: a retry of the task resumes them (a refused send is sent
+    again, an unknown outcome is looked up first).
+
+    :param items_waiting: the items this run left unfinished (read in, not completed nor held).
+    :param items_unread: the items of the batch the run never reached (None when the batch's size is not
+        known up front).
+    :param retry_after: the seconds the receiver last asked to wait (its ``Retry-After``), or None;
+        :class:`~airflow_resumable.retry_policy.RetryAfterPolicy` waits that long before the retry.
+    :param reason: what stopped it: ``"receiver_failing"`` (it kept failing, every item's sends paused),
+        ``"attempts_exhausted"`` (some items ran out of attempts while others went through) or
+        ``"long_retry_after"`` (it asked to wait longer than ``Settlement.max_wait``).
+    """
+
+    def __init__(self, message: str, *, items_waiting: int, items_unread: int | None, retry_after: float | None,
+                 reason: str) -> None:
+        super().__init__(message)
+        self.items_waiting = items_waiting
+        self.items_unread = items_unread
+        self.retry_after = retry_after
+        self.reason = reason
 
 
 class NotSentError(ResumableError):

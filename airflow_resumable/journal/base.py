@@ -15,6 +15,7 @@ from airflow_resumable.journal.decisions import JournalDecisions
 from airflow_resumable.journal.engines import open_engine
 from airflow_resumable.journal.housekeeping import JournalHousekeeping
 from airflow_resumable.journal.jobrun import JobRun
+from airflow_resumable.journal.pace import JournalPace
 from airflow_resumable.journal.reads import JournalReads
 from airflow_resumable.journal.schema import SCHEMA_VERSION
 
@@ -125,6 +126,10 @@ class StepJournal(JournalReads, JournalDecisions, JournalHousekeeping):
         return f"StepJournal({self.location!r}, durability={self.durability!r})"
 
     # -- running a job ------------------------------------------------------------------------
+
+    def shared_pace(self, limit_key: str) -> JournalPace:
+        """The send rate of ``limit_key``, kept with every run that names it on this journal."""
+        return JournalPace(self.engine, limit_key)
 
     def open_job(self, job_id: str, *, runner: str | None = None, dag_id: str | None = None) -> JobRun:
         """Claim ``job_id`` for one runner (at once, or :class:`JobBusyError`). ``dag_id``: the Airflow

@@ -25,10 +25,18 @@ from airflow_resumable.exceptions import (
     BatchStopped,
     InvalidItemError,
     NotSentError,
+    ReceiverUnavailableError,
 )
 from airflow_resumable.journal import HeldStep, StepJournal
 from airflow_resumable.journal.records import MAX_JOB_ID_LENGTH
-from airflow_resumable.runner.batch import _Batch, _chunks, _is_storable, _prepare, _room_for_item_ids
+from airflow_resumable.runner.batch import (
+    _Batch,
+    _chunks,
+    _is_storable,
+    _prepare,
+    _ReceiverGaveUp,
+    _room_for_item_ids,
+)
 from airflow_resumable.runner.decisions import Action, decide
 from airflow_resumable.runner.drivers import (
     _check_stop,
@@ -38,6 +46,7 @@ from airflow_resumable.runner.drivers import (
     check_progress_interval,
 )
 from airflow_resumable.runner.results import BatchProgress, BatchResult
+from airflow_resumable.runner.settle import Settlement, checked_settlement
 from airflow_resumable.runner.steps import (
     NOT_DELIVERED,
     NotDelivered,
@@ -54,8 +63,8 @@ from airflow_resumable.runner.verify import verify_held
 # The runner's public names. The errors a step raises or a run ends with, and HeldStep (what a run
 # reports held), are importable from here too; every other error is in airflow_resumable.exceptions.
 __all__ = [
-    "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Step", "StepContext", "StepFn",
-    "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
+    "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Settlement", "Step", "StepContext",
+    "StepFn", "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
     "BatchStopped", "HeldStep", "InvalidItemError", "NotSentError",
 ]
 
@@ -76,6 +85,7 @@ def run_batch(
     runner: str | None = None,
     stop: threading.Event | None = None,
     dag_id: str | None = None,
+    settle_in_task: bool | Settlement = True,
 ) -> BatchResult:
     """Run ``steps`` over ``items`` under ``job_id``, resuming whatever the journal already has.
 
@@ -89,6 +99,16 @@ def run_batch(
     the job stays unfinished (``JobSummary.status``) until a run goes through the whole batch.
     ``dag_id``: the Airflow DAG running the job, recorded with it by its first run (who may settle its
     held items is decided by that DAG).
+
+    ``settle_in_task`` (SPEC §12; on by default): a send the receiver refuses ("not now", HTTP 429) is
+    sent again in this run with the same key after the wait it asked for (else a backoff); a send whose
+    outcome is unknown (a timeout, a 5xx) is looked up after a backoff, in this run (a step declared
+    ``idempotent`` is sent again instead). Sends keep each step's pace (``Step.max_sends_per_second``,
+    else the rate the receiver is seen to accept). Attempts are bounded (:class:`Settlement`); items that
+    run out are left for the next try, the others go on, and the run then raises
+    :class:`~airflow_resumable.exceptions.ReceiverUnavailableError` saying how many items wait. A
+    receiver that keeps failing stops the run the same way. ``False``: the first failing send stops the
+    run, as before (the article's way).
     """
     if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
         raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
@@ -97,6 +117,7 @@ def run_batch(
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
     check_concurrency(concurrency)
+    settlement = checked_settlement(settle_in_task)
     progress_interval = check_progress_interval(progress_interval)
     checked_steps = _check_steps(steps)
     step_names = [s.name for s in checked_steps]
@@ -107,9 +128,11 @@ def run_batch(
 
     def progress() -> BatchProgress:
         # Items done: completed or held (a held item stops at its held step) - not merely read in.
+        paused = max((pace.paused() for pace in batch.paces.values()), default=0.0) if batch else 0.0
         return BatchProgress(result.items_completed + len(result.held), items_total, result.executed_steps,
                              result.skipped_steps, len(result.held), time.monotonic() - started,
-                             result.verified_steps)
+                             result.verified_steps, result.waits, result.resent_in_task, result.settled_in_task,
+                             result.gave_up, paused)
 
     def report_if_due() -> None:
         nonlocal last_report
@@ -117,8 +140,9 @@ def run_batch(
             last_report = time.monotonic()
             on_progress(progress())
 
+    batch: _Batch | None = None
     with journal.open_job(job_id, runner=runner, dag_id=dag_id) as run:
-        batch = _Batch(run, checked_steps, result)
+        batch = _Batch(run, checked_steps, result, settlement, shared_pace=journal.shared_pace)
         driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)
         try:
             for chunk in _chunks(items):
@@ -138,6 +162,8 @@ def run_batch(
                         result.items_completed += 1
                 report_if_due()
             driver.finish()
+            if result.gave_up:
+                raise _ReceiverGaveUp("attempts_exhausted", batch.last_retry_after)
             run.finished()  # the whole batch was gone through: the job is no longer unfinished
         except BaseException as exc:
             driver.abort(exc)
@@ -147,9 +173,39 @@ def run_batch(
                     on_progress(progress())
                 except Exception as exc:  # noqa: BLE001
                     log.warning("on_progress raised %s while the batch was failing", type(exc).__name__)
+            if isinstance(exc, _ReceiverGaveUp):
+                raise _unavailable(exc, result, items_total, settlement or Settlement()) from None
             raise
     result.elapsed = time.monotonic() - started
     result.status = "needs_review" if result.held else "completed"
     if on_progress is not None:
         on_progress(progress())
     return result
+
+
+_WHY = {
+    "receiver_failing": "the receiver kept failing or refusing ({attempts} rounds in a row, no send going through)",
+    "attempts_exhausted": "{gave_up} item(s) ran out of attempts ({attempts} each) while the receiver refused or "
+                          "failed them",
+    "long_retry_after": "the receiver asked to wait {retry_after:g} s, longer than a run waits (Settlement.max_wait)",
+}
+
+
+def _unavailable(gave_up: _ReceiverGaveUp, result: BatchResult, items_total: int | None,
+                 settlement: Settlement) -> ReceiverUnavailableError:
+    """The error a run ends with when items are left waiting for the receiver (none of them held)."""
+    waiting = result.items_total - result.items_completed - len(result.held)
+    unread = None if items_total is None else max(0, items_total - result.items_total)
+    attempts = settlement.max_attempts
+    why = _WHY[gave_up.reason].format(attempts=attempts, gave_up=result.gave_up,
+                                      retry_after=gave_up.retry_after or 0.0)
+    after = f"; it last asked to wait {gave_up.retry_after:g} s" if gave_up.retry_after is not None else ""
+    left = f"{waiting} item(s) waiting" + (f" and {unread} not reached" if unread else "")
+    held = (f" ({len(result.held)} other item(s) were held for a person: their outcome is unknown and no "
+            "look-up could tell)") if result.held else ""
+    return ReceiverUnavailableError(
+        f"receiver unavailable: {left} - {why}{after}. None of them was held{held}: a retry of this task resumes "
+        "them "
+        "(refused sends are sent again, unknown outcomes are looked up first). If the receiver is down, retry "
+        "later (a task's retry_delay, or RetryAfterPolicy on Airflow >= 3.3).",
+        items_waiting=waiting, items_unread=unread, retry_after=gave_up.retry_after, reason=gave_up.reason)

@@ -8,10 +8,12 @@ commits the mark and sends.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import logging
-from collections.abc import Generator, Iterable, Iterator, Mapping
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +23,9 @@ from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH
 from airflow_resumable.runner.decisions import HOLD_CHANGED, SKIP, VERIFY, decide
 from airflow_resumable.runner.results import BatchResult
+from airflow_resumable.runner.settle import FINAL, REFUSED, UNKNOWN, Pace, Settlement, SharedPace, kind_of, retry_after_of
 from airflow_resumable.runner.steps import _COMPACT, NotDelivered, Step, StepContext, canonical_digest
-from airflow_resumable.runner.verify import _ask_receiver
+from airflow_resumable.runner.verify import _answer, _ask_receiver
 
 # One logger for every part of the runner (airflow_resumable.runner): one name for a user to configure.
 log = logging.getLogger(__package__)
@@ -161,9 +164,48 @@ class _Send:
     resent_from: tuple[str, str | None] | None = None
     # Whether the step had no row before this send's IN_FLIGHT mark (the mark creates it).
     new_row: bool = False
-    # Marked before, but it waited too long for a thread and was queued again: its next mark only
-    # renews the commit (no second attempt counted, no second audit row).
+    # Marked before, but it waited too long for a thread (or the receiver paused) and was queued again:
+    # its next mark only renews the commit (no second attempt counted, no second audit row).
     marked_before: bool = False
+    # Settlement in the task: this send's attempt in this run (sends and look-ups of the step), and
+    # whether the chain of attempts began with a look-up (the run's first question about the step).
+    attempt: int = 1
+    from_verify: bool = False
+
+
+@dataclass(frozen=True)
+class _Verify:
+    """A look-up the driver makes (settlement in the task): the step's outcome is unknown."""
+
+    step: Step
+    item: _Prepared
+    ctx: StepContext
+    status: str  # the row's status and held reason as the look-up found them (for the audit row)
+    held_reason: str | None
+    attempt: int = 1
+    from_verify: bool = False  # the run's first question about the step (not after a send of this run)
+
+
+Task = _Send | _Verify
+
+
+@dataclass(frozen=True)
+class _Done:
+    """The step is settled: its recorded output, for the item's next steps."""
+
+    encoded: str
+
+
+@dataclass(frozen=True)
+class _Wait:
+    """Try again at ``due`` (``time.monotonic()``): a re-send or a look-up."""
+
+    due: float
+    task: Task
+
+
+# The item goes no further in this run: held for a person, or out of attempts (left for the next try).
+_ITEM_STOPS = object()
 
 
 @dataclass(frozen=True)
@@ -171,20 +213,43 @@ class _Outcome:
     value: Any = None
     error: BaseException | None = None
     # Why a send that was marked and queued never started: the run was stopped ("stopped"), another
-    # send raised ("halted"), or it waited longer than the drivers' MAX_QUEUE_WAIT for a thread
-    # ("waited too long").
+    # send raised ("halted"), it waited longer than the drivers' MAX_QUEUE_WAIT for a thread
+    # ("waited too long"), or the receiver asked every send to wait ("paused").
     not_started: str | None = None
+    started: float = 0.0  # time.monotonic() around the call: the pace learns from them
+    ended: float = 0.0
+
+
+class _ReceiverGaveUp(Exception):
+    """The driver stops the run: the receiver kept failing, or asked to wait longer than a run waits.
+    ``run_batch`` turns it into :class:`~airflow_resumable.exceptions.ReceiverUnavailableError`."""
+
+    def __init__(self, reason: str, retry_after: float | None) -> None:
+        super().__init__(reason)
+        self.reason, self.retry_after = reason, retry_after
 
 
 def _call(send: _Send) -> _Outcome:
     """Run a send's function (in a worker thread when concurrent). Never raises: the driver records."""
+    started = time.monotonic()
     try:
-        return _Outcome(send.step.fn(send.item.item, send.ctx))
-    except BaseException as exc:  # recorded FAILED (type name only) and re-raised by the driver
-        return _Outcome(error=exc)
+        value = send.step.fn(send.item.item, send.ctx)
+    except BaseException as exc:  # recorded FAILED (type name only), settled or re-raised by the driver
+        return _Outcome(error=exc, started=started, ended=time.monotonic())
+    return _Outcome(value, started=started, ended=time.monotonic())
 
 
-ItemSteps = Generator[_Send, str, None]
+def _look_up(task: _Verify) -> _Outcome:
+    """Ask the receiver about a step (in a worker thread when concurrent). Never raises."""
+    started = time.monotonic()
+    try:
+        value = task.step.verify(task.ctx) if task.step.verify is not None else None
+    except BaseException as exc:  # no answer: asked again after a backoff
+        return _Outcome(error=exc, started=started, ended=time.monotonic())
+    return _Outcome(value, started=started, ended=time.monotonic())
+
+
+ItemSteps = Generator[Task, str, None]
 
 
 class _Batch:
@@ -196,10 +261,28 @@ class _Batch:
     can commit the marks of a whole group with one fsync (:mod:`airflow_resumable.runner.drivers`).
     """
 
-    def __init__(self, run: JobRun, steps: list[Step], result: BatchResult) -> None:
+    def __init__(self, run: JobRun, steps: list[Step], result: BatchResult, settlement: Settlement | None = None,
+                 shared_pace: Callable[[str], SharedPace] | None = None) -> None:
         self.run = run
         self.steps = steps
         self.result = result
+        self.settlement = settlement
+        self.last_retry_after: float | None = None
+        # One pace per receiver: per limit key when steps name one (shared with other runs through the
+        # journal), else per step. A step with neither a rate nor settlement is sent unpaced.
+        self.paces: dict[str, Pace] = {}
+        by_key: dict[str, Pace] = {}
+        for step in steps:
+            if not step.side_effect or (settlement is None and step.max_sends_per_second is None):
+                continue
+            key = step.limit_key or f"step {step.name}"
+            pace = by_key.get(key)
+            if pace is None:
+                shared = shared_pace(step.limit_key) if step.limit_key is not None and shared_pace is not None else None
+                pace = by_key[key] = Pace(step.max_sends_per_second, adaptive=settlement is not None, shared=shared)
+            elif pace.rate != step.max_sends_per_second:
+                raise ValueError(f"steps sharing limit_key {step.limit_key!r} name different max_sends_per_second")
+            self.paces[step.name] = pace
 
     def steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
         job_id, result = self.run.job_id, self.result
@@ -222,6 +305,13 @@ class _Batch:
                 continue
             ctx = StepContext._from_journal(job_id, p.item_id, step.name, p.digest, outputs,
                                             0 if row is None else row.generation)
+            if action == VERIFY and self.settlement is not None:
+                assert row is not None
+                # The driver asks (again after a backoff if the look-up fails) and settles; it counts.
+                outputs[step.name] = yield _Verify(step, p, ctx, row.status.value,
+                                                   row.held_reason.value if row.held_reason else None,
+                                                   from_verify=True)
+                continue
             if action == VERIFY:
                 receipt = _ask_receiver(step.verify, ctx)
                 if isinstance(receipt, NotDelivered):
@@ -267,7 +357,16 @@ class _Batch:
         return encoded
 
     def record_send(self, send: _Send, outcome: _Outcome) -> str:
-        """Record a finished send; raise its error (after recording FAILED) if it had one."""
+        """Record a finished send; raise its error (after recording FAILED) if it had one. Without
+        settlement in the task: every failed send stops the run."""
+        done = self.after_send(send, outcome)
+        assert isinstance(done, _Done)
+        return done.encoded
+
+    def after_send(self, send: _Send, outcome: _Outcome) -> _Done | _Wait | object:
+        """Record a finished send and say what follows: the item goes on (:class:`_Done`), the send is
+        made again or looked up after a wait (:class:`_Wait`), or the item stops here (``_ITEM_STOPS``:
+        held, or out of attempts). An error that settlement does not cover is raised, recorded FAILED."""
         p, step = send.item, send.step
         error = outcome.error
         if error is None:
@@ -275,14 +374,116 @@ class _Batch:
                 encoded = _encode_output(outcome.value, p.item_id, step.name)
             except InvalidStepOutputError as exc:
                 error = exc
-        if error is not None:
-            self._failed(step, p, error)
+        pace = self.paces.get(step.name)
+        if error is None:
+            # The receipt goes to the job's receipt log at once (committed with the next commit point):
+            # a crash in the next step must not turn a delivered send back into an unknown outcome.
+            self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
+                                    receipt=_receipt_of(outcome.value, encoded), log_receipt=True)
+            if pace is not None:
+                pace.went_through(outcome.ended)
+            if send.from_verify:  # the item's generator did not ask for a send: it is counted here
+                self.result.executed_steps += 1
+            return _Done(encoded)
+        self._failed(step, p, error)
+        kind = FINAL if self.settlement is None else kind_of(error)
+        if kind == FINAL:
             raise error
-        # The receipt goes to the job's receipt log at once (committed with the next commit point):
-        # a crash in the next step must not turn a delivered send back into an unknown outcome.
+        settlement = self.settlement
+        assert settlement is not None and pace is not None
+        retry_after = retry_after_of(error) if kind == REFUSED else None
+        streak = pace.failed(outcome.started, outcome.ended, refused=kind == REFUSED, retry_after=retry_after,
+                             settlement=settlement)
+        if retry_after is not None:
+            self.last_retry_after = retry_after
+            if retry_after > settlement.max_wait:
+                self._give_up(send, f"the receiver asked to wait {retry_after:g} s, longer than a run waits "
+                                    f"(max_wait {settlement.max_wait:g} s)")
+                raise _ReceiverGaveUp("long_retry_after", retry_after)
+        following: Task
+        if kind == UNKNOWN and not step.idempotent:
+            if step.verify is None:
+                log.warning("item %s: %s may have arrived (%s) and the step has no verify: holding it",
+                            p.item_id, step.name, type(error).__name__)
+                stops = self._hold_unknown(p, step, send.ctx, already_held=False)
+                if streak > settlement.max_attempts:  # and hold no more: the receiver is failing
+                    raise _ReceiverGaveUp("receiver_failing", pace.last_retry_after)
+                return stops
+            following = _Verify(step, p, send.ctx, "failed", None, attempt=send.attempt + 1,
+                                from_verify=send.from_verify)
+        else:
+            following = dataclasses.replace(send, attempt=send.attempt + 1, new_row=False, marked_before=False,
+                                            resent_from=None)
+        if streak > settlement.max_attempts:
+            self._give_up(send, f"the receiver failed {streak} rounds in a row")
+            raise _ReceiverGaveUp("receiver_failing", pace.last_retry_after)
+        if send.attempt >= settlement.max_attempts:
+            return self._give_up(send, f"{send.attempt} attempts, the last {type(error).__name__}")
+        wait = retry_after if retry_after is not None else settlement.backoff(send.attempt)
+        self.result.waits += 1
+        if isinstance(following, _Send):
+            self.result.resent_in_task += 1
+        log.info("item %s: %s %s (%s); %s in %.2f s (attempt %d of %d)", p.item_id, step.name,
+                 "refused" if kind == REFUSED else "outcome unknown", type(error).__name__,
+                 "sending it again" if isinstance(following, _Send) else "asking the receiver", wait,
+                 following.attempt, settlement.max_attempts)
+        return _Wait(time.monotonic() + wait, following)
+
+    def after_verify(self, task: _Verify, outcome: _Outcome) -> _Done | _Wait | object:
+        """Settle a step by the receiver's answer to a look-up (settlement in the task): its receipt (done),
+        NOT_DELIVERED (sent once, audited), None (held). A look-up that raised is no answer: asked again
+        after a backoff, and once its attempts run out the step stays FAILED for the next try - not held."""
+        p, step, ctx = task.item, task.step, task.ctx
+        settlement, pace = self.settlement, self.paces.get(step.name)
+        assert settlement is not None and pace is not None
+        if outcome.error is not None:
+            if not isinstance(outcome.error, Exception):
+                raise outcome.error  # KeyboardInterrupt, SystemExit: not a look-up's answer
+            streak = pace.failed(outcome.started, outcome.ended, refused=False,
+                                 retry_after=retry_after_of(outcome.error), settlement=settlement)
+            if task.attempt >= settlement.max_attempts:
+                return self._give_up(task, f"its look-up raised {type(outcome.error).__name__} every time")
+            if streak > settlement.max_attempts:
+                self._give_up(task, f"the receiver failed {streak} rounds in a row")
+                raise _ReceiverGaveUp("receiver_failing", pace.last_retry_after)
+            wait = settlement.backoff(task.attempt)
+            self.result.waits += 1
+            log.info("item %s: the look-up of %s raised %s (no answer); asking again in %.2f s", p.item_id,
+                     step.name, type(outcome.error).__name__, wait)
+            return _Wait(time.monotonic() + wait, dataclasses.replace(task, attempt=task.attempt + 1))
+        pace.went_through(outcome.ended)
+        answer = _answer(ctx, outcome.value)
+        if isinstance(answer, NotDelivered):
+            log.info("item %s: %s not delivered per the receiver; sending it once", p.item_id, step.name)
+            self.result.resent_steps += 1
+            if not task.from_verify:
+                self.result.settled_in_task += 1
+            return _Wait(time.monotonic(), _Send(step, p, ctx, (task.status, task.held_reason),
+                                                 attempt=task.attempt + 1, from_verify=task.from_verify))
+        if answer is None:
+            return self._hold_unknown(p, step, ctx, already_held=task.held_reason == HeldReason.UNKNOWN_OUTCOME.value)
+        encoded = json.dumps(answer)
         self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
-                                receipt=_receipt_of(outcome.value, encoded), log_receipt=True)
-        return encoded
+                                receipt=answer, verified=True)
+        self.result.verified_steps += 1
+        if task.from_verify:
+            self.result.skipped_steps += 1
+        else:
+            self.result.settled_in_task += 1
+        log.info("item %s: %s verified by the receiver, not sent again", p.item_id, step.name)
+        return _Done(encoded)
+
+    def _hold_unknown(self, p: _Prepared, step: Step, ctx: StepContext, *, already_held: bool) -> object:
+        if not already_held:
+            self.run.hold(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
+        self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME, ctx.generation)
+        return _ITEM_STOPS  # never send: the receiver may already have it
+
+    def _give_up(self, task: Task, why: str) -> object:
+        self.result.gave_up += 1
+        log.warning("item %s: %s left for the next try (%s); nothing was held", task.item.item_id, task.step.name,
+                    why)
+        return _ITEM_STOPS
 
     def record_not_started(self, send: _Send, cause: type[BaseException]) -> None:
         """A send was marked IN_FLIGHT but never started (the run failed or stopped while it was queued):

@@ -9,6 +9,8 @@ user code runs.
 from __future__ import annotations
 
 import dataclasses
+import heapq
+import itertools
 import logging
 import queue
 import threading
@@ -18,7 +20,19 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
 from airflow_resumable.exceptions import BatchStopped
 from airflow_resumable.journal import JobRun, StepState
-from airflow_resumable.runner.batch import ItemSteps, _Batch, _call, _Outcome, _Prepared, _Send
+from airflow_resumable.runner.batch import (
+    ItemSteps,
+    Task,
+    _Batch,
+    _call,
+    _Done,
+    _look_up,
+    _Outcome,
+    _Prepared,
+    _Send,
+    _Wait,
+)
+from airflow_resumable.runner.settle import FINAL, kind_of
 from airflow_resumable.runner.verify import VERIFY_RESOLVER
 
 # One logger for every part of the runner (airflow_resumable.runner): one name for a user to configure.
@@ -43,8 +57,8 @@ def _commit_marks(run: JobRun, sends: Iterable[_Send]) -> None:
     run.flush(durable=True)
 
 
-def _advance(gen: ItemSteps, value: str | None) -> _Send | None:
-    """Run an item on to its next send (None: the item is done or held)."""
+def _advance(gen: ItemSteps, value: str | None) -> Task | None:
+    """Run an item on to its next send or look-up (None: the item is done or held)."""
     try:
         return next(gen) if value is None else gen.send(value)
     except StopIteration:
@@ -57,28 +71,69 @@ def _check_stop(stop: threading.Event | None) -> None:
         raise _stopped()
 
 
+def _sleep_until(moment: float, stop: threading.Event | None) -> None:
+    """Wait until ``moment`` (``time.monotonic()``); a stop ends the wait at once (BatchStopped)."""
+    delay = moment - time.monotonic()
+    if delay > 0:
+        if stop is None:
+            time.sleep(delay)
+        elif stop.wait(delay):
+            raise _stopped()
+    _check_stop(stop)
+
+
+def _settle_next(batch: _Batch, task: Task, outcome: _Outcome) -> _Done | _Wait | object:
+    """What follows a finished send or look-up (see :meth:`_Batch.after_send`)."""
+    if isinstance(task, _Send):
+        return batch.after_send(task, outcome)
+    return batch.after_verify(task, outcome)
+
+
 class _Sequential:
-    """concurrency=1: one send at a time, each IN_FLIGHT mark committed (and fsync'd) just before it."""
+    """concurrency=1: one send at a time, each IN_FLIGHT mark committed (and fsync'd) just before it.
+    A send refused or failed is settled right there (a wait, then a re-send or a look-up) before the
+    run goes on to the next item."""
 
     def __init__(self, batch: _Batch, stop: threading.Event | None = None) -> None:
         self.batch, self.stop = batch, stop
 
     def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
         gen = self.batch.steps_of(p, rows)
-        send = _advance(gen, None)
-        while send is not None:
-            run = self.batch.run
+        task = _advance(gen, None)
+        while task is not None:
             try:
-                _check_stop(self.stop)
-            except BatchStopped:
+                encoded = self._settle(task)
+            except BaseException:
                 gen.close()
                 raise
-            _commit_marks(run, [send])
-            try:
-                encoded = self.batch.record_send(send, _call(send))
-            finally:
-                run.write_receipts()  # before any further user code
-            send = _advance(gen, encoded)
+            if encoded is None:  # held, or left for the next try
+                gen.close()
+                return
+            task = _advance(gen, encoded)
+
+    def _settle(self, task: Task) -> str | None:
+        run = self.batch.run
+        while True:
+            if isinstance(task, _Send):
+                pace = self.batch.paces.get(task.step.name)
+                if pace is not None:
+                    slot = pace.reserve()
+                    assert slot is not None
+                    _sleep_until(slot, self.stop)
+                _check_stop(self.stop)
+                _commit_marks(run, [task])
+                try:
+                    following = self.batch.after_send(task, _call(task))
+                finally:
+                    run.write_receipts()  # before any further user code
+            else:
+                following = self.batch.after_verify(task, _look_up(task))
+            if isinstance(following, _Done):
+                return following.encoded
+            if not isinstance(following, _Wait):
+                return None
+            _sleep_until(following.due, self.stop)
+            task = following.task
 
     def finish(self) -> None:
         pass
@@ -109,6 +164,12 @@ class _Concurrent:
     A send that ended frees its place at once, but is recorded when the next group is committed: its
     receipt rides with that commit (with a receipt log, it is logged too), always before any more
     user code runs. Local steps run on this thread, between sends.
+
+    Settlement in the task: a send refused or failed waits (``waiting``, by due time) and is then marked
+    and queued again, or looked up on a worker thread; the other items go on meanwhile. Each send
+    takes a slot of its receiver's pace when its group is committed (only slots within half of
+    ``MAX_QUEUE_WAIT``); its thread waits for the slot, and a send whose receiver paused meanwhile is
+    handed back unsent, to be queued again when the pause ends.
     """
 
     def __init__(self, batch: _Batch, n: int, stop: threading.Event | None = None) -> None:
@@ -120,8 +181,11 @@ class _Concurrent:
         self.last_step = batch.steps[-1].name
         self.pool = ThreadPoolExecutor(max_workers=n, thread_name_prefix="resumable-send")
         self.ready: list[tuple[ItemSteps, _Send]] = []
-        self.in_flight: dict[Future[_Outcome], tuple[ItemSteps, _Send]] = {}
+        self.in_flight: dict[Future[_Outcome], tuple[ItemSteps, Task]] = {}
         self.finished: queue.SimpleQueue[Future[_Outcome]] = queue.SimpleQueue()
+        # Sends and look-ups waiting to be tried again: (due, order, item, task), soonest first.
+        self.waiting: list[tuple[float, int, ItemSteps, Task]] = []
+        self._order = itertools.count()
         # Set once a send raised (or the run is aborting): no queued send starts after that.
         self.halted = threading.Event()
         self.halted_by: BaseException | None = None
@@ -129,17 +193,19 @@ class _Concurrent:
     def start(self, p: _Prepared, rows: Mapping[str, StepState]) -> None:
         self.batch.run.write_receipts()  # the item's own steps are user code
         gen = self.batch.steps_of(p, rows)
-        send = _advance(gen, None)
-        if send is not None:
-            self.ready.append((gen, send))
+        task = _advance(gen, None)
+        if task is not None:
+            self._queue(gen, task)
         while True:
+            self._promote_due()
             # Sends that ended count as free places at once, but are recorded only when a group is
             # committed: their receipts ride with its commit instead of a commit of their own.
             unrecorded = self.finished.qsize()
             room = self.n + self.ahead - len(self.in_flight) + unrecorded
             if self.ready and room > 0 and self._group_is_due(room, len(self.in_flight) - unrecorded):
                 self._record_finished(wait=False)
-                self._dispatch(self.n + self.ahead - len(self.in_flight))
+                if not self._dispatch(self.n + self.ahead - len(self.in_flight)):
+                    self._idle()  # the receiver's pace lets none start yet
             elif len(self.ready) >= self.max_ready:
                 self._record_finished(wait=True)  # nothing more to prepare: wait for a send to end
             else:
@@ -158,79 +224,158 @@ class _Concurrent:
     def finish(self) -> None:
         # Anything raising here (a send's error, a stop, Airflow's execution timeout) goes to abort(), which
         # starts none of the queued sends; shutting the pool down on the way out would start them all.
-        while self.ready or self.in_flight:
+        while self.ready or self.in_flight or self.waiting:
             self._record_finished(wait=False)
+            self._promote_due()
             room = self.n + self.ahead - len(self.in_flight)
-            if self.ready and room > 0:
-                self._dispatch(room)
-            elif self.in_flight:
-                self._record_finished(wait=True)
+            if self.ready and room > 0 and self._dispatch(room):
+                continue
+            self._idle()
         self.pool.shutdown(wait=True)
 
-    def _dispatch(self, room: int) -> None:
-        _check_stop(self.stop)  # abort() then closes what is ready and records what is in flight
-        group, self.ready = self.ready[:room], self.ready[room:]
-        _commit_marks(self.batch.run, [send for _, send in group])  # the group shares one commit
-        committed = time.monotonic()
-        for gen, send in group:
-            future = self.pool.submit(self._send_if_still_due, send, committed)
-            self.in_flight[future] = (gen, send)
+    def _queue(self, gen: ItemSteps, task: Task) -> None:
+        if isinstance(task, _Send):
+            self.ready.append((gen, task))
+        else:
+            self._wait(gen, task, time.monotonic())
+
+    def _wait(self, gen: ItemSteps, task: Task, due: float) -> None:
+        heapq.heappush(self.waiting, (due, next(self._order), gen, task))
+
+    def _promote_due(self) -> None:
+        """Hand on the waiting sends and look-ups that are due: sends to be marked, look-ups to a thread."""
+        now = time.monotonic()
+        while self.waiting and self.waiting[0][0] <= now:
+            _, _, gen, task = heapq.heappop(self.waiting)
+            if isinstance(task, _Send):
+                self.ready.insert(0, (gen, task))  # before newer items: it has waited already
+                continue
+            pace = self.batch.paces.get(task.step.name)
+            if pace is not None and pace.paused_until > now:  # no look-up while the receiver asks to wait
+                self._wait(gen, task, pace.paused_until)
+                continue
+            future = self.pool.submit(_look_up, task)
+            self.in_flight[future] = (gen, task)
             future.add_done_callback(self.finished.put)
 
-    def _send_if_still_due(self, send: _Send, committed: float) -> _Outcome:
+    def _idle(self) -> None:
+        """Nothing can start now: wait for a send to end, a wait to run out or a pace slot (a stop ends it)."""
+        moments = [self.waiting[0][0]] if self.waiting else []
+        moments += [pace.next_free() for pace in {id(p): p for p in self.batch.paces.values()}.values()
+                    if self.ready]
+        timeout = min(moments, default=time.monotonic() + 0.1) - time.monotonic()
+        if timeout >= 0.05:
+            # A wait (a receiver's pause, a backoff): the receipts of the sends recorded so far are made to
+            # survive a kill now, not with the next group's commit, which may be seconds away.
+            self.batch.run.write_receipts()
+        self._record_finished(wait=True, timeout=min(0.1, max(0.001, timeout)))
+        _check_stop(self.stop)
+
+    def _dispatch(self, room: int) -> int:
+        """Mark and queue up to ``room`` ready sends whose receiver has a slot soon; returns how many."""
+        _check_stop(self.stop)  # abort() then closes what is ready and records what is in flight
+        group: list[tuple[ItemSteps, _Send, float]] = []
+        kept: list[tuple[ItemSteps, _Send]] = []
+        for gen, send in self.ready:
+            if len(group) < room:
+                pace = self.batch.paces.get(send.step.name)
+                slot = 0.0 if pace is None else pace.reserve(MAX_QUEUE_WAIT / 2)
+                if slot is not None:
+                    group.append((gen, send, slot))
+                    continue
+            kept.append((gen, send))
+        self.ready = kept
+        if not group:
+            return 0
+        _commit_marks(self.batch.run, [send for _, send, _ in group])  # the group shares one commit
+        committed = time.monotonic()
+        for gen, send, slot in group:
+            future = self.pool.submit(self._send_if_still_due, send, committed, slot)
+            self.in_flight[future] = (gen, send)
+            future.add_done_callback(self.finished.put)
+        return len(group)
+
+    def _send_if_still_due(self, send: _Send, committed: float, slot: float) -> _Outcome:
         """On a worker thread: a send queued before a stop, or before another send raised, never starts
         after it, nor long after its mark was committed (a shared journal's claim may have passed to
-        another runner by then)."""
+        another runner by then), nor while its receiver asks every send to wait."""
+        delay = slot - time.monotonic()
+        if delay > 0:
+            self.halted.wait(delay)  # its slot of the receiver's pace
         if self.stop is not None and self.stop.is_set():
             return _Outcome(not_started="stopped")
         if self.halted.is_set():
             return _Outcome(not_started="halted", error=self.halted_by)
+        pace = self.batch.paces.get(send.step.name)
+        if pace is not None and pace.paused_until > time.monotonic():
+            return _Outcome(not_started="paused")
         if time.monotonic() - committed > MAX_QUEUE_WAIT:
             return _Outcome(not_started="waited too long")
         outcome = _call(send)
-        if outcome.error is not None:
+        if outcome.error is not None and (self.batch.settlement is None or kind_of(outcome.error) == FINAL):
             self.halted_by = self.halted_by or outcome.error
             self.halted.set()  # the batch fails with this error: the sends queued behind it stay unsent
         return outcome
 
-    def _record_finished(self, *, wait: bool) -> None:
-        """Record the sends that finished (``wait``: at least one, waiting for it) and run their items on."""
+    def _record_finished(self, *, wait: bool, timeout: float | None = None) -> None:
+        """Record the sends that finished (``wait``: at least one, waiting for it up to ``timeout``) and
+        run their items on."""
         done: list[Future[_Outcome]] = []
         if wait:
-            done.append(self.finished.get())
+            try:
+                done.append(self.finished.get(timeout=timeout))
+            except queue.Empty:
+                return
         while not self.finished.empty():
             done.append(self.finished.get_nowait())
         if not done:
             return
-        finished: list[tuple[ItemSteps, _Send, str]] = []
+        # In the order they ended: the pace learns from a refusal after the sends that went through before it.
+        done.sort(key=lambda future: future.result().ended)
+        finished: list[tuple[ItemSteps, Task, str]] = []
         error: BaseException | None = None
         for future in done:
-            gen, send = self.in_flight.pop(future)
+            gen, task = self.in_flight.pop(future)
             outcome = future.result()
-            if outcome.not_started == "waited too long":
+            if isinstance(task, _Send) and outcome.not_started == "paused":
+                # The receiver asked every send to wait: the mark is taken back now (a kill during a long
+                # pause must not leave it IN_FLIGHT, for a human), and the send marked again after it.
+                self.batch.record_not_started(task, ReceiverPaused)
+                again = dataclasses.replace(task, marked_before=False, resent_from=None)  # audited with its mark
+                self._wait(gen, again, self.batch.paces[task.step.name].paused_until)
+                continue
+            if isinstance(task, _Send) and outcome.not_started == "waited too long":
                 log.info("item %s: %s waited over %g s for a thread; its mark is renewed before it starts",
-                         send.item.item_id, send.step.name, MAX_QUEUE_WAIT)
-                self.ready.insert(0, (gen, dataclasses.replace(send, marked_before=True)))
+                         task.item.item_id, task.step.name, MAX_QUEUE_WAIT)
+                self.ready.insert(0, (gen, dataclasses.replace(task, marked_before=True)))
                 continue
             if outcome.not_started is not None:
+                assert isinstance(task, _Send)
                 gen.close()
                 cause = outcome.error or _stopped()  # "halted" carries the error that halted the sends
-                self.batch.record_not_started(send, type(cause))
+                self.batch.record_not_started(task, type(cause))
                 error = error or cause
                 continue
             try:
-                finished.append((gen, send, self.batch.record_send(send, outcome)))
+                following = _settle_next(self.batch, task, outcome)
             except BaseException as exc:  # recorded FAILED; the others of this round still count
                 gen.close()
                 error = error or exc
-        if error is not None or any(send.step.name != self.last_step for _, send, _ in finished):
+                continue
+            if isinstance(following, _Done):
+                finished.append((gen, task, following.encoded))
+            elif isinstance(following, _Wait):
+                self._wait(gen, following.task, following.due)
+            else:
+                gen.close()  # held, or left for the next try
+        if error is not None or any(task.step.name != self.last_step for _, task, _ in finished):
             self.batch.run.write_receipts()  # one write (or commit) for the round, before any user code
-        for gen, send, encoded in finished:
-            if error is None or send.step.name == self.last_step:
+        for gen, task, encoded in finished:
+            if error is None or task.step.name == self.last_step:
                 # Its item goes on (an item whose last step this was completes, running no user code).
-                following = _advance(gen, encoded)
-                if following is not None:
-                    self.ready.append((gen, following))
+                following_task = _advance(gen, encoded)
+                if following_task is not None:
+                    self._queue(gen, following_task)
             else:
                 gen.close()  # its later steps wait for the next run
         if error is not None:
@@ -246,11 +391,15 @@ class _Concurrent:
                 if send.marked_before:  # marked, then handed back unsent (it waited too long for a thread)
                     self._take_back(send, type(cause))
             self.ready = []
-            for future, (gen, send) in list(self.in_flight.items()):
+            for _, _, gen, _task in self.waiting:
+                gen.close()  # recorded FAILED (or its mark taken back): the next run sends it, or asks first
+            self.waiting = []
+            for future, (gen, task) in list(self.in_flight.items()):
                 if future.cancel():  # still queued: it never reaches the receiver
                     del self.in_flight[future]
                     gen.close()
-                    self._take_back(send, type(cause))
+                    if isinstance(task, _Send):
+                        self._take_back(task, type(cause))
             while self.in_flight:
                 # Waited on themselves, not on the queue of finished sends: a failure while a round of it
                 # was being recorded may have taken some out of the queue and left them here.
@@ -267,21 +416,24 @@ class _Concurrent:
 
     def _record_aborted(self, future: Future[_Outcome], cause: BaseException) -> None:
         """Record a send that ended while the run was aborting; its item goes no further this run."""
-        gen, send = self.in_flight.pop(future)
+        gen, task = self.in_flight.pop(future)
         outcome = future.result()
+        if not isinstance(task, _Send):
+            gen.close()  # a look-up: the step stays as it was, the next run asks again
+            return
         if outcome.not_started is not None:
             gen.close()
-            self._take_back(send, type(cause))
+            self._take_back(task, type(cause))
             return
         try:
-            encoded = self.batch.record_send(send, outcome)
+            following = self.batch.after_send(task, outcome)
         except BaseException:  # noqa: S110 - recorded FAILED; the first error is the one raised
             gen.close()
             return
-        if send.step.name == self.last_step:
-            _advance(gen, encoded)  # the item's last step: it completes, no user code runs
+        if isinstance(following, _Done) and task.step.name == self.last_step:
+            _advance(gen, following.encoded)  # the item's last step: it completes, no user code runs
         else:
-            gen.close()  # its later steps wait for the next run
+            gen.close()  # its later steps (or its re-send) wait for the next run
 
     def _take_back(self, send: _Send, cause: type[BaseException]) -> None:
         try:
@@ -289,6 +441,10 @@ class _Concurrent:
         except Exception as exc:  # noqa: BLE001 - left IN_FLIGHT: the next run verifies or holds it
             log.warning("could not record that a queued send of item %s never started (%s); the next run "
                         "verifies or holds it", send.item.item_id, type(exc).__name__)
+
+
+class ReceiverPaused(Exception):  # noqa: N818 - its name is what the journal records
+    """The error type recorded for a send whose mark was taken back unsent: the receiver asked to wait."""
 
 
 def _stopped() -> BatchStopped:

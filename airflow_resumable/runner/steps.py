@@ -12,6 +12,7 @@ from typing import Any
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH
 from airflow_resumable.journal.records import idempotency_key as idempotency_key
+from airflow_resumable.runner.settle import check_limit_key, check_rate
 
 
 class StepContext:
@@ -103,12 +104,24 @@ class Step:
     :param verify: ``verify(ctx)`` returns the receiver's receipt for ``ctx.idempotency_key`` if it
         has one (never sent again), :data:`NOT_DELIVERED` if the receiver affirms it has no record of
         it (sent now, once), else None: cannot tell (held for a human). Side-effect steps only.
+    :param idempotent: the receiver dedupes by ``ctx.idempotency_key`` for at least the job's lifetime:
+        a send whose outcome is unknown is sent again with the same key, in the task, instead of being
+        looked up or held. Side-effect steps only.
+    :param max_sends_per_second: the most sends of this step per second, kept by every thread of the run
+        (and, with ``limit_key``, by every run naming that key on the same journal). None: the run
+        learns the rate the receiver accepts from its refusals. Side-effect steps only.
+    :param limit_key: the name a rate limit is shared under: the runs of a fleet (mapped tasks, other
+        DAGs) that name the same key on the same journal keep ``max_sends_per_second`` together, and
+        pause together when the receiver asks to wait. Needs ``max_sends_per_second``.
     """
 
     name: str
     fn: StepFn
     side_effect: bool = False
     verify: VerifyFn | None = None
+    idempotent: bool = False
+    max_sends_per_second: float | None = None
+    limit_key: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name.strip():
@@ -124,6 +137,16 @@ class Step:
             raise ValueError(f"step {self.name!r}: verify only makes sense for a side_effect step")
         if self.verify is not None and not callable(self.verify):
             raise ValueError(f"step {self.name!r}: verify must be callable")
+        if not isinstance(self.idempotent, bool):
+            raise ValueError(f"step {self.name!r}: idempotent must be True or False")
+        where = f"step {self.name!r}"
+        check_rate(self.max_sends_per_second, where)
+        check_limit_key(self.limit_key, where)
+        if not self.side_effect and (self.idempotent or self.max_sends_per_second is not None or self.limit_key):
+            raise ValueError(f"step {self.name!r}: idempotent, max_sends_per_second and limit_key are for "
+                             "side_effect steps (the ones that send)")
+        if self.limit_key is not None and self.max_sends_per_second is None:
+            raise ValueError(f"step {self.name!r}: limit_key shares a rate: give max_sends_per_second too")
 
 
 def _check_steps(steps: Iterable[Step]) -> list[Step]:

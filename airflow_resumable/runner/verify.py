@@ -37,6 +37,11 @@ def _ask_receiver(verify: VerifyFn | None, ctx: StepContext) -> str | NotDeliver
     except Exception as exc:
         log.warning("item %s: verify of %s raised %s; holding it", ctx.item_id, ctx.step, type(exc).__name__)
         return None
+    return _answer(ctx, receipt)
+
+
+def _answer(ctx: StepContext, receipt: object) -> str | NotDelivered | None:
+    """What a look-up's return value says (see :func:`_ask_receiver`)."""
     if receipt is None or receipt is NOT_DELIVERED:
         return receipt
     if not isinstance(receipt, str):

@@ -317,8 +317,8 @@ def held_journal(airflow):
     steps = [Step("notify", notify, side_effect=True)]
     with StepJournal(airflow.journal) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, "j", [{"id": "a"}, {"id": "b"}], steps)
-        run_batch(journal, "j", [{"id": "a"}, {"id": "b"}], steps)
+            run_batch(journal, "j", [{"id": "a"}, {"id": "b"}], steps, settle_in_task=False)
+        run_batch(journal, "j", [{"id": "a"}, {"id": "b"}], steps, settle_in_task=False)
         assert [h.item_id for h in journal.held("j")] == ["a"]
     return airflow
 
@@ -461,13 +461,13 @@ def held_again(location) -> str:
     with StepJournal(location) as journal:
         for _ in range(2):  # a's reply is lost, then c's
             with pytest.raises(TimeoutError):
-                run_batch(journal, "j", items, steps)
-        assert [h.item_id for h in run_batch(journal, "j", items, steps).held] == ["a", "c"]
+                run_batch(journal, "j", items, steps, settle_in_task=False)
+        assert [h.item_id for h in run_batch(journal, "j", items, steps, settle_in_task=False).held] == ["a", "c"]
         seen = {h.item_id: h.version for h in journal.held("j")}
         journal.resolve("j", "a", "notify", delivered=False, resolved_by="carol", note="not in its list yet")
         with pytest.raises(TimeoutError):
-            run_batch(journal, "j", items, steps)
-        assert [h.item_id for h in run_batch(journal, "j", items, steps).held] == ["a", "c"]
+            run_batch(journal, "j", items, steps, settle_in_task=False)
+        assert [h.item_id for h in run_batch(journal, "j", items, steps, settle_in_task=False).held] == ["a", "c"]
     return seen["a"]
 
 
@@ -643,7 +643,8 @@ def test_a_team_resolve_dag_settles_jobs_by_their_recorded_dag_not_their_id(jour
     with StepJournal(journal_location) as journal:
         for job_id, dag_id in (("reports/2026-12-05", "payments"), ("reports/outside", None)):
             with pytest.raises(ConnectionError):
-                run_batch(journal, job_id, [{"id": "a"}], [Step("send", lost, side_effect=True)], dag_id=dag_id)
+                run_batch(journal, job_id, [{"id": "a"}], [Step("send", lost, side_effect=True)], dag_id=dag_id,
+                          settle_in_task=False)
 
     def settle(job_id, team):
         task = ResolveOperator(task_id="resolve", job_dag_ids=[team], **journal_arguments(journal_location, monkeypatch))

@@ -31,7 +31,8 @@ def sqlite_connection(path) -> str:
 def send_three(journal: StepJournal, job_id: str) -> list[str]:
     sent: list[str] = []
     result = run_batch(journal, job_id, [{"id": f"i{n}"} for n in range(3)],
-                       [Step("notify", lambda item, ctx: sent.append(item["id"]) or "ok", side_effect=True)])
+                       [Step("notify", lambda item, ctx: sent.append(item["id"]) or "ok", side_effect=True)],
+                       settle_in_task=False)
     assert result.status == "completed"
     return sent
 

@@ -83,9 +83,9 @@ def test_a_response_becomes_journal_decisions_all_or_nothing(tmp_path):
         fail = {"a", "b", "c"}
         for _ in range(3):  # each run fails at the next of a, b, c
             with pytest.raises(TimeoutError):
-                run_batch(journal, JOB, items, [Step("notify", notify, side_effect=True)])
+                run_batch(journal, JOB, items, [Step("notify", notify, side_effect=True)], settle_in_task=False)
             fail.discard(next(r.item_id for r in journal.rows(JOB) if r.error_type and r.item_id in fail))
-        held = run_batch(journal, JOB, items, [Step("notify", notify, side_effect=True)]).held
+        held = run_batch(journal, JOB, items, [Step("notify", notify, side_effect=True)], settle_in_task=False).held
         assert [h.item_id for h in held] == ["a", "b", "c"]
         presented = [{"item_id": h.item_id, "step": h.step, "reason": h.reason.value, "version": h.version}
                      for h in journal.held(JOB)]
@@ -166,8 +166,8 @@ def test_the_review_task_refuses_a_response_to_a_hold_that_changed_since_it_was_
     key_a = idempotency_key(JOB, "a", "notify")
     with StepJournal(journal_location) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, items, steps)
-        assert [h.item_id for h in run_batch(journal, JOB, items, steps).held] == ["a"]
+            run_batch(journal, JOB, items, steps, settle_in_task=False)
+        assert [h.item_id for h in run_batch(journal, JOB, items, steps, settle_in_task=False).held] == ["a"]
 
         # The review task shows item a to the on-call.
         review = ReviewHeldItemsOperator(task_id="review", job_id=JOB, **review_journal)
@@ -178,8 +178,8 @@ def test_the_review_task_refuses_a_response_to_a_hold_that_changed_since_it_was_
         # sends it again, and that send's reply is lost too: it is held again - same reason, same key.
         journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="carol", note="not in the receiver's list")
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, items, steps)
-        assert [h.item_id for h in run_batch(journal, JOB, items, steps).held] == ["a"]
+            run_batch(journal, JOB, items, steps, settle_in_task=False)
+        assert [h.item_id for h in run_batch(journal, JOB, items, steps, settle_in_task=False).held] == ["a"]
         assert deliveries[key_a] == 2
         before = (journal.rows(JOB), journal.resolutions(JOB))
 
@@ -190,14 +190,14 @@ def test_the_review_task_refuses_a_response_to_a_hold_that_changed_since_it_was_
         message = str(refused.value)
         assert "refused as a whole" in message and "asks again about the holds as they are now" in message
         assert (journal.rows(JOB), journal.resolutions(JOB)) == before
-        assert run_batch(journal, JOB, items, steps).held  # still held: nothing is sent
+        assert run_batch(journal, JOB, items, steps, settle_in_task=False).held  # still held: nothing is sent
 
         # The next try shows the hold as it is now; the answer to that is applied.
         retry = ReviewHeldItemsOperator(task_id="review", job_id=JOB, **review_journal)
         retry.execute({"ti": ti})
         done = retry.execute_complete({"ti": ti}, response("alice", item_1="delivered", receipt_1="rcpt-a"))
         assert (done["applied"], done["held"], done["responded_by"]) == (1, 0, "alice")
-        assert run_batch(journal, JOB, items, steps).status == "completed"
+        assert run_batch(journal, JOB, items, steps, settle_in_task=False).status == "completed"
         assert [a.resolved_by for a in journal.resolutions(JOB)] == ["carol", "alice"]
     assert deliveries == {key_a: 2, idempotency_key(JOB, "b", "notify"): 1}  # the original and one re-send
 
@@ -207,7 +207,8 @@ def test_a_review_of_a_job_the_journal_does_not_have_fails_and_says_so(tmp_path,
     been reviewed); it fails naming the job, as the sensor does. A job with nothing held is still a success."""
     location = str(tmp_path / "journal.sqlite3")
     with StepJournal(location) as journal:
-        run_batch(journal, JOB, [{"id": "a"}], [Step("notify", lambda item, ctx: "r", side_effect=True)])
+        run_batch(journal, JOB, [{"id": "a"}], [Step("notify", lambda item, ctx: "r", side_effect=True)],
+                  settle_in_task=False)
     before = tmp_path.joinpath("journal.sqlite3").read_bytes()
     typo = ReviewHeldItemsOperator(task_id="review", job_id=JOB + "x", **journal_arguments(location, monkeypatch))
     with pytest.raises(ValueError, match=f"review: journal .* has no job '{JOB}x'; check the job_id"):

@@ -38,7 +38,8 @@ def journal_path(tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW__RESUMABLE__JOURNAL_PATH", str(path))
     monkeypatch.delenv("AIRFLOW__RESUMABLE__JOURNAL_CONN_ID", raising=False)
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lambda item, ctx: "ok", side_effect=True)])
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lambda item, ctx: "ok", side_effect=True)],
+                  settle_in_task=False)
     return path
 
 
@@ -166,8 +167,10 @@ def test_no_run_can_send_between_the_sensors_look_up_and_its_settlement(tmp_path
     items = crash_child_items(3)  # the child process's batch: the same items and steps
     with StepJournal(journal_location) as journal:
         with pytest.raises(RefusedBeforeAccept):  # item-002's send never arrived, and the run cannot tell
-            run_batch(journal, JOB, items, article_steps(receiver, FaultOnce("item-002", "before_accept")))
-        assert [h.item_id for h in run_batch(journal, JOB, items, article_steps(receiver)).held] == ["item-002"]
+            run_batch(journal, JOB, items, article_steps(receiver, FaultOnce("item-002", "before_accept")),
+                      settle_in_task=False)
+        assert [h.item_id for h in run_batch(journal, JOB, items, article_steps(receiver),
+                                             settle_in_task=False).held] == ["item-002"]
     assert receiver.counts(JOB) == {"item-001": 1, "item-003": 1}
 
     asked, answer_arrives = threading.Event(), threading.Event()
@@ -237,7 +240,8 @@ def test_allow_network_filesystem_in_the_config_reaches_every_surface(tmp_path, 
     monkeypatch.setenv("AIRFLOW__RESUMABLE__ALLOW_NETWORK_FILESYSTEM", "True")
     batch = ResumableBatchOperator(task_id="send", items=[], notify=lambda item, ctx: "ok")
     with batch.hook.get_conn() as journal:
-        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lambda item, ctx: "ok", side_effect=True)])
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lambda item, ctx: "ok", side_effect=True)],
+                  settle_in_task=False)
     assert sensor.poke({"ti": CraftedTI({})}) is True
     listed = subprocess.run([CLI, "jobs", "--json"], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0, listed.stderr

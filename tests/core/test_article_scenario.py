@@ -30,10 +30,10 @@ def test_article_scenario(tmp_path, journal_location, mode, error, baseline_dupl
     fault = FaultOnce("item-041", mode)
     with StepJournal(journal_location) as journal:
         with pytest.raises(error):
-            run_batch(journal, JOB, items, article_steps(receiver, fault))
+            run_batch(journal, JOB, items, article_steps(receiver, fault), settle_in_task=False)
         assert len(receiver.counts(JOB)) == (40 if mode == "before_accept" else 41)
 
-        second = run_batch(journal, JOB, items, article_steps(receiver, fault))
+        second = run_batch(journal, JOB, items, article_steps(receiver, fault), settle_in_task=False)
         assert (second.executed_steps, second.skipped_steps) == (27, 122)
         assert second.held == [HeldStep(JOB, "item-041", "notify_external", HeldReason.UNKNOWN_OUTCOME)]
         assert second.status == "needs_review"
@@ -51,7 +51,7 @@ def test_article_scenario(tmp_path, journal_location, mode, error, baseline_dupl
             journal.resolve(JOB, "item-041", "notify_external", delivered=True, receipt=receipt,
                             resolved_by="oncall")
 
-        third = run_batch(journal, JOB, items, article_steps(receiver, fault))
+        third = run_batch(journal, JOB, items, article_steps(receiver, fault), settle_in_task=False)
         assert third.executed_steps == third_run_executes
         assert third.held == [] and third.status == "completed" and third.items_completed == 50
         assert journal.held(JOB) == []
@@ -71,8 +71,8 @@ def test_verify_finds_receipt_so_nothing_is_held(tmp_path, journal_location, mod
     fault = FaultOnce("item-041", mode)
     with StepJournal(journal_location) as journal:
         with pytest.raises((RefusedBeforeAccept, AcceptedThenLost)):
-            run_batch(journal, JOB, items, article_steps(receiver, fault, with_verify=True))
-        second = run_batch(journal, JOB, items, article_steps(receiver, fault, with_verify=True))
+            run_batch(journal, JOB, items, article_steps(receiver, fault, with_verify=True), settle_in_task=False)
+        second = run_batch(journal, JOB, items, article_steps(receiver, fault, with_verify=True), settle_in_task=False)
         if mode == "after_accept":
             # The receiver has it: verified, not re-sent, not held.
             assert second.held == [] and second.status == "completed"

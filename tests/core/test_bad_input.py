@@ -76,7 +76,7 @@ def journal(journal_path: Path):
 def seeded(journal: StepJournal, journal_path: Path) -> Recorder:
     """A job that already has SUCCEEDED rows, so a refusal has something it could damage."""
     rec = Recorder()
-    result = run_batch(journal, JOB, [{"id": "a", "v": 1}, {"id": "b", "v": 2}], rec.steps())
+    result = run_batch(journal, JOB, [{"id": "a", "v": 1}, {"id": "b", "v": 2}], rec.steps(), settle_in_task=False)
     assert result.status == "completed" and result.executed_steps == 6
     rec.calls.clear()
     return rec
@@ -88,7 +88,7 @@ def refused_run(journal: StepJournal, journal_path: Path, rec: Recorder, items: 
     before = snapshot(journal_path)
     delivered_before = dict(rec.delivered)
     with pytest.raises(error) as info:
-        run_batch(journal, job_id, items, rec.steps())
+        run_batch(journal, job_id, items, rec.steps(), settle_in_task=False)
     assert isinstance(info.value, ValueError)
     message = str(info.value)
     for name in names:
@@ -109,7 +109,7 @@ def refused_run(journal: StepJournal, journal_path: Path, rec: Recorder, items: 
 def test_empty_or_non_string_job_id_is_refused(journal, journal_path, seeded, job_id):
     before = snapshot(journal_path)
     with pytest.raises(ValueError, match="job_id"):
-        run_batch(journal, job_id, [{"id": "c"}], seeded.steps())
+        run_batch(journal, job_id, [{"id": "c"}], seeded.steps(), settle_in_task=False)
     assert seeded.calls == []
     assert snapshot(journal_path) == before  # not even the jobs table is touched
 
@@ -135,16 +135,16 @@ def test_ids_too_long_for_the_journals_key_are_refused_before_anything_is_sent(j
     room = 2600 - len(JOB) - len("transform")  # the key's bytes left for an item id
     fits = {"id": "\u4e00" * (room // 3) + "i" * (room % 3)}  # exactly that many bytes, under 1,024 characters
     if journal.max_key_bytes is None:
-        assert run_batch(journal, long_job, [{"id": "a"}], seeded.steps()).status == "completed"
-        assert run_batch(journal, JOB, [cjk_item], seeded.steps()).status == "completed"
+        assert run_batch(journal, long_job, [{"id": "a"}], seeded.steps(), settle_in_task=False).status == "completed"
+        assert run_batch(journal, JOB, [cjk_item], seeded.steps(), settle_in_task=False).status == "completed"
         return
     before = snapshot(journal_path)
     with pytest.raises(ValueError, match="take 2709 bytes.*at most 2600 bytes .*shorten the job_id"):
-        run_batch(journal, long_job, [{"id": "a"}], seeded.steps())
+        run_batch(journal, long_job, [{"id": "a"}], seeded.steps(), settle_in_task=False)
     assert snapshot(journal_path) == before and seeded.calls == []
     refused_run(journal, journal_path, seeded, [{"id": "c"}, cjk_item], InvalidItemError,
                 "position 1", "3000 bytes", "shorten the id")
-    assert run_batch(journal, JOB, [fits], seeded.steps()).status == "completed"
+    assert run_batch(journal, JOB, [fits], seeded.steps(), settle_in_task=False).status == "completed"
     assert len(seeded.delivered) == 3
 
 
@@ -152,7 +152,7 @@ def test_ids_too_long_for_the_journals_key_are_refused_before_anything_is_sent(j
 def test_bad_concurrency_is_refused(journal, journal_path, seeded, concurrency):
     before = snapshot(journal_path)
     with pytest.raises(ValueError, match="concurrency must be an integer from 1 to 256"):
-        run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), concurrency=concurrency)
+        run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), concurrency=concurrency, settle_in_task=False)
     assert seeded.calls == []
     assert snapshot(journal_path) == before
 
@@ -163,7 +163,7 @@ def test_a_bad_progress_interval_is_refused_before_any_send(journal, journal_pat
     before = snapshot(journal_path)
     with pytest.raises(ValueError, match="progress_interval must be a number of seconds"):
         run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), progress_interval=interval,
-                  on_progress=lambda progress: None)
+                  on_progress=lambda progress: None, settle_in_task=False)
     assert seeded.calls == []
     assert snapshot(journal_path) == before
 
@@ -173,7 +173,8 @@ def test_duplicate_id_is_refused_before_anything_is_touched_at_any_concurrency(j
                                                                                concurrency):
     before = snapshot(journal_path)
     with pytest.raises(InvalidItemError, match="'b' appears twice"):
-        run_batch(journal, JOB, [{"id": "x"}, {"id": "b"}, {"id": "b"}], seeded.steps(), concurrency=concurrency)
+        run_batch(journal, JOB, [{"id": "x"}, {"id": "b"}, {"id": "b"}], seeded.steps(), concurrency=concurrency,
+                  settle_in_task=False)
     assert seeded.calls == []
     assert snapshot(journal_path) == before
 
@@ -198,7 +199,7 @@ def test_item_without_the_id_field(journal, journal_path, seeded):
     # With id_field, the same item is fine and the one without that field is refused.
     before = snapshot(journal_path)
     with pytest.raises(InvalidItemError, match="position 0.*'key'"):
-        run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), id_field="key")
+        run_batch(journal, JOB, [{"id": "c"}], seeded.steps(), id_field="key", settle_in_task=False)
     assert without_jobs(snapshot(journal_path)) == without_jobs(before) and seeded.calls == []
 
 
@@ -268,7 +269,7 @@ def test_duplicate_across_a_chunk_boundary(journal, journal_path):
     first = [{"id": f"i{n:04d}", "v": n} for n in range(size)]
     second = [{"id": "fresh-1", "v": -1}, {"id": "i0003", "v": "changed"}, {"id": "fresh-2", "v": -2}]
     with pytest.raises(InvalidItemError) as info:
-        run_batch(journal, JOB, first + second, rec.steps())
+        run_batch(journal, JOB, first + second, rec.steps(), settle_in_task=False)
     assert "'i0003'" in str(info.value) and "twice" in str(info.value)
 
     # Chunk 1 ran completely, once per step; nothing of chunk 2 ran at all.
@@ -285,7 +286,7 @@ def test_duplicate_across_a_chunk_boundary(journal, journal_path):
 
     # Resuming without the duplicate completes the job without sending anything again.
     rec.calls.clear()
-    result = run_batch(journal, JOB, first + [second[0], second[2]], rec.steps())
+    result = run_batch(journal, JOB, first + [second[0], second[2]], rec.steps(), settle_in_task=False)
     assert (result.executed_steps, result.skipped_steps, result.status) == (6, 3 * size, "completed")
     assert sorted(rec.calls) == sorted((i, s) for i in ("fresh-1", "fresh-2") for s in ("validate", "transform", "notify"))
     assert len(rec.delivered) == size + 2
@@ -301,7 +302,7 @@ def test_duplicate_across_chunks_of_a_generator(journal, journal_path):
         yield {"id": "never", "v": 0}
 
     with pytest.raises(InvalidItemError, match="'0'.*twice"):
-        run_batch(journal, JOB, items(), rec.steps())
+        run_batch(journal, JOB, items(), rec.steps(), settle_in_task=False)
     assert len(rec.calls) == 3 * size
     assert journal.held(JOB) == []
     assert [r.item_id for r in journal.rows(JOB, "0")] == ["0", "0", "0"]
@@ -311,7 +312,7 @@ def test_duplicate_across_chunks_of_a_generator(journal, journal_path):
 
 def test_integer_ids_are_used_as_their_decimal_string(journal, journal_path):
     rec = Recorder()
-    result = run_batch(journal, JOB, [{"id": 7}, {"id": -3}, {"id": 10**20}, {"id": 0}], rec.steps())
+    result = run_batch(journal, JOB, [{"id": 7}, {"id": -3}, {"id": 10**20}, {"id": 0}], rec.steps(), settle_in_task=False)
     assert result.status == "completed" and result.items_completed == 4
     ids = {r.item_id for r in journal.rows(JOB)}
     assert ids == {"7", "-3", "100000000000000000000", "0"}
@@ -320,7 +321,7 @@ def test_integer_ids_are_used_as_their_decimal_string(journal, journal_path):
     assert idempotency_key(JOB, "7", "notify") in rec.delivered
     # The same integer ids again: everything is skipped, nothing sent twice.
     rec.calls.clear()
-    again = run_batch(journal, JOB, [{"id": 7}, {"id": -3}, {"id": 10**20}, {"id": 0}], rec.steps())
+    again = run_batch(journal, JOB, [{"id": 7}, {"id": -3}, {"id": 10**20}, {"id": 0}], rec.steps(), settle_in_task=False)
     assert (again.executed_steps, again.skipped_steps) == (0, 12) and rec.calls == []
 
 
@@ -346,7 +347,7 @@ def test_bad_local_step_output_records_failed_and_loses_nothing(journal, journal
     before = snapshot(journal_path)
     items = [{"id": "a", "v": 1}, {"id": "b", "v": 2}, {"id": "c", "v": 3}, {"id": "d", "v": 4}]
     with pytest.raises(InvalidStepOutputError) as info:
-        run_batch(journal, JOB, items, seeded.steps())
+        run_batch(journal, JOB, items, seeded.steps(), settle_in_task=False)
     assert isinstance(info.value, InvalidItemError) and isinstance(info.value, ValueError)
     assert "'c'" in str(info.value) and "'transform'" in str(info.value) and why in str(info.value)
     # a, b skipped; c validated, transform ran and was refused; notify never ran; d never reached.
@@ -367,7 +368,7 @@ def test_bad_local_step_output_records_failed_and_loses_nothing(journal, journal
     # The next run (step fixed) re-runs the local step and finishes; a and b are still not re-sent.
     del seeded.transform_returns["c"]
     seeded.calls.clear()
-    result = run_batch(journal, JOB, items, seeded.steps())
+    result = run_batch(journal, JOB, items, seeded.steps(), settle_in_task=False)
     assert result.status == "completed" and result.executed_steps == 2 + 3 and result.skipped_steps == 6 + 1
     assert {r.step: r.attempts for r in journal.rows(JOB, "c")} == {"validate": 1, "transform": 2, "notify": 1}
     assert len(seeded.delivered) == 4
@@ -377,11 +378,11 @@ def test_output_of_exactly_64_kib_is_accepted(journal, journal_path):
     rec = Recorder()
     rec.transform_returns["edge"] = "x" * (64 * 1024 - 2)  # JSON text with its quotes: exactly 65536 bytes
     rec.transform_returns["over"] = "x" * (64 * 1024 - 1)
-    result = run_batch(journal, JOB, [{"id": "edge"}], rec.steps())
+    result = run_batch(journal, JOB, [{"id": "edge"}], rec.steps(), settle_in_task=False)
     assert result.status == "completed"
     assert {r.step: r.output for r in journal.rows(JOB, "edge")}["transform"] == "x" * (64 * 1024 - 2)
     with pytest.raises(InvalidStepOutputError, match="65537 bytes"):
-        run_batch(journal, JOB, [{"id": "edge"}, {"id": "over"}], rec.steps())
+        run_batch(journal, JOB, [{"id": "edge"}, {"id": "over"}], rec.steps(), settle_in_task=False)
 
 
 @pytest.mark.parametrize("receipt", [{"huge": "y" * (70 * 1024)}, "rcpt-\udcff", _nested(100_000)],
@@ -392,7 +393,7 @@ def test_bad_receipt_of_a_send_is_an_unknown_outcome_not_a_resend(journal, journ
     seeded.notify_returns["c"] = receipt
     before = snapshot(journal_path)
     with pytest.raises(InvalidStepOutputError, match="'notify' of item 'c'"):
-        run_batch(journal, JOB, [{"id": "a", "v": 1}, {"id": "c", "v": 3}], seeded.steps())
+        run_batch(journal, JOB, [{"id": "a", "v": 1}, {"id": "c", "v": 3}], seeded.steps(), settle_in_task=False)
     after = snapshot(journal_path)
     assert [r for r in before["steps"] if r not in after["steps"]] == []
     n = {r.step: r for r in journal.rows(JOB, "c")}["notify"]
@@ -400,7 +401,7 @@ def test_bad_receipt_of_a_send_is_an_unknown_outcome_not_a_resend(journal, journ
         Status.FAILED, "InvalidStepOutputError", 1, None, None)
     assert len(seeded.delivered) == 3
     seeded.calls.clear()
-    again = run_batch(journal, JOB, [{"id": "a", "v": 1}, {"id": "c", "v": 3}], seeded.steps())
+    again = run_batch(journal, JOB, [{"id": "a", "v": 1}, {"id": "c", "v": 3}], seeded.steps(), settle_in_task=False)
     assert again.held == [HeldStep(JOB, "c", "notify", HeldReason.UNKNOWN_OUTCOME)]
     assert seeded.calls == [] and len(seeded.delivered) == 3
 
@@ -411,11 +412,11 @@ def test_bad_receipt_of_a_send_is_an_unknown_outcome_not_a_resend(journal, journ
 def test_refused_batch_leaves_jobs_table_unchanged(journal, journal_path, existing):
     rec = Recorder()
     if existing:
-        run_batch(journal, JOB, [{"id": "a"}], rec.steps())
+        run_batch(journal, JOB, [{"id": "a"}], rec.steps(), settle_in_task=False)
         rec.calls.clear()
     before = snapshot(journal_path)
     with pytest.raises(InvalidItemError):
-        run_batch(journal, JOB, [{"id": "c"}, {"no-id": 1}], rec.steps())
+        run_batch(journal, JOB, [{"id": "c"}, {"no-id": 1}], rec.steps(), settle_in_task=False)
     assert snapshot(journal_path) == before
     assert [j.job_id for j in journal.jobs()] == ([JOB] if existing else [])
 
@@ -430,15 +431,17 @@ def held_job(journal: StepJournal, journal_path: Path) -> Recorder:
     rec = Recorder()
     rec.fail_notify.add("b")
     with pytest.raises(ConnectionError):
-        run_batch(journal, JOB, [{"id": "a"}, {"id": "c"}, {"id": "d", "v": 1}, {"id": "b"}], rec.steps())
-    second = run_batch(journal, JOB, [{"id": "a"}, {"id": "c"}, {"id": "d", "v": 2}, {"id": "b"}], rec.steps())
+        run_batch(journal, JOB, [{"id": "a"}, {"id": "c"}, {"id": "d", "v": 1}, {"id": "b"}], rec.steps(),
+                  settle_in_task=False)
+    second = run_batch(journal, JOB, [{"id": "a"}, {"id": "c"}, {"id": "d", "v": 2}, {"id": "b"}], rec.steps(),
+                       settle_in_task=False)
     assert sorted(second.held, key=lambda h: h.item_id) == [
         HeldStep(JOB, "b", "notify", HeldReason.UNKNOWN_OUTCOME),
         HeldStep(JOB, "d", "validate", HeldReason.INPUT_CHANGED),
     ]
     rec.transform_returns["e"] = object()
     with pytest.raises(InvalidStepOutputError):
-        run_batch(journal, JOB, [{"id": "e"}], rec.steps())
+        run_batch(journal, JOB, [{"id": "e"}], rec.steps(), settle_in_task=False)
     del rec.transform_returns["e"]
     rec.fail_notify.clear()
     rec.calls.clear()
@@ -544,6 +547,6 @@ def test_refusals_left_the_held_rows_resolvable(journal, journal_path, held_job)
     assert journal.held(JOB) == []
     held_job.calls.clear()
     result = run_batch(journal, JOB, [{"id": "a"}, {"id": "c"}, {"id": "d", "v": 2}, {"id": "b"}, {"id": "e"}],
-                       held_job.steps())
+                       held_job.steps(), settle_in_task=False)
     assert result.status == "completed"
     assert sorted(held_job.calls) == [("b", "notify"), ("e", "notify"), ("e", "transform")]

@@ -41,7 +41,7 @@ def held_15(journal: StepJournal) -> Receiver:
     steps = [Step("notify", receiver.send, side_effect=True)]
     for _ in range(20):
         try:
-            result = run_batch(journal, JOB, [{"id": i} for i in IDS], steps)
+            result = run_batch(journal, JOB, [{"id": i} for i in IDS], steps, settle_in_task=False)
             break
         except TimeoutError:
             continue
@@ -64,7 +64,8 @@ def test_fifteen_held_steps_settled_in_one_call_each_audited(journal_location):
         audit = journal.resolutions(JOB)
         assert len(audit) == 15 and {a.resolved_by for a in audit} == {"oncall"}
         assert len({a.id for a in audit}) == 15 and journal.held(JOB) == []
-        result = run_batch(journal, JOB, [{"id": i} for i in IDS], [Step("notify", receiver.send, side_effect=True)])
+        result = run_batch(journal, JOB, [{"id": i} for i in IDS], [Step("notify", receiver.send, side_effect=True)],
+                           settle_in_task=False)
         assert (result.status, result.executed_steps) == ("completed", 7)  # the 7 even ones, once
     assert sorted(receiver.got) == IDS and set(receiver.got.values()) == {1}
 
@@ -171,9 +172,9 @@ def test_an_item_held_twice_is_settled_whatever_the_order_of_its_decisions(journ
     steps = [Step("validate", lambda item, ctx: True), Step("notify", send, side_effect=True)]
     with StepJournal(journal_location) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, [{"id": "a", "v": 1}], steps)
-        run_batch(journal, JOB, [{"id": "a", "v": 1}], steps)  # holds notify: unknown outcome
-        run_batch(journal, JOB, [{"id": "a", "v": 2}], steps)  # holds validate: input changed
+            run_batch(journal, JOB, [{"id": "a", "v": 1}], steps, settle_in_task=False)
+        run_batch(journal, JOB, [{"id": "a", "v": 1}], steps, settle_in_task=False)  # holds notify: unknown outcome
+        run_batch(journal, JOB, [{"id": "a", "v": 2}], steps, settle_in_task=False)  # holds validate: input changed
         assert sorted((h.step, h.reason.value) for h in journal.held(JOB)) == [
             ("notify", "unknown_outcome"), ("validate", "input_changed")]
         entries = [{"job_id": JOB, "item_id": "a", "decision": "use_new_input"},
@@ -182,7 +183,7 @@ def test_an_item_held_twice_is_settled_whatever_the_order_of_its_decisions(journ
         done = journal.apply_decisions(entries, resolved_by="oncall")
         assert [r.decision for r in done] == [e["decision"] for e in entries]  # in the list's order
         assert journal.held(JOB) == []
-        assert run_batch(journal, JOB, [{"id": "a", "v": 2}], steps).status == "completed"
+        assert run_batch(journal, JOB, [{"id": "a", "v": 2}], steps, settle_in_task=False).status == "completed"
         (row,) = [r for r in journal.rows(JOB) if r.step == "notify"]
         assert row.generation == 1 and sent[1:] == [(idempotency_key(JOB, "a", "notify", 1), 2)]  # once, new key
 
@@ -191,7 +192,8 @@ def test_a_list_naming_more_jobs_than_it_may_claim_at_once_is_refused_before_any
     entries = [{"job_id": f"job-{n:04d}", "item_id": "a", "step": "notify", "decision": "not_delivered"}
                for n in range(501)]
     with StepJournal(journal_location) as journal:
-        run_batch(journal, "job-0000", [{"id": "a"}], [Step("notify", lambda item, ctx: "r", side_effect=True)])
+        run_batch(journal, "job-0000", [{"id": "a"}], [Step("notify", lambda item, ctx: "r", side_effect=True)],
+                  settle_in_task=False)
         before = backends.snapshot(journal_location)
         with pytest.raises(ResolutionError, match=r"^decisions about 501 jobs in one list; at most 500 .*split"):
             journal.apply_decisions(entries, resolved_by="alice")

@@ -51,7 +51,7 @@ def test_in_flight_is_committed_and_synced_before_the_send(tmp_path, monkeypatch
 
     with StepJournal(path, durability=durability) as journal:
         run_batch(journal, "job", [{"id": "a"}, {"id": "b"}, {"id": "c"}],
-                  [Step("prepare", lambda item, ctx: 1), Step("notify", notify, side_effect=True)])
+                  [Step("prepare", lambda item, ctx: 1), Step("notify", notify, side_effect=True)], settle_in_task=False)
         count = journal.engine.fsync_count
 
     assert seen_by_other_connection == [("IN_FLIGHT", 1)] * 3
@@ -69,6 +69,6 @@ def test_records_that_guard_nothing_need_no_fsync(tmp_path, monkeypatch):
     fsyncs = _spy_fsync(monkeypatch)
     with StepJournal(tmp_path / "journal.sqlite3", durability="full") as journal:
         run_batch(journal, "job", [{"id": i} for i in range(200)],
-                  [Step("a", lambda item, ctx: 1), Step("b", lambda item, ctx: 2)])
+                  [Step("a", lambda item, ctx: 1), Step("b", lambda item, ctx: 2)], settle_in_task=False)
         assert journal.engine.fsync_count == 0
     assert not [f for f in fsyncs if f.endswith("-wal")]

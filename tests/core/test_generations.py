@@ -126,15 +126,15 @@ def test_new_content_after_use_new_input_arrives_exactly_once(journal_location, 
     items = [{"id": f"item-{i}", "amount": 100 * i} for i in range(1, 6)]
     changed = [dict(item, amount=999) if item["id"] == "item-3" else item for item in items]
     with StepJournal(journal_location) as journal:
-        assert run_batch(journal, JOB, items, steps(rx)).status == "completed"
-        held = run_batch(journal, JOB, changed, steps(rx))
+        assert run_batch(journal, JOB, items, steps(rx), settle_in_task=False).status == "completed"
+        held = run_batch(journal, JOB, changed, steps(rx), settle_in_task=False)
         assert [(h.item_id, h.reason) for h in held.held] == [("item-3", HeldReason.INPUT_CHANGED)]
         journal.resolve_input_change(JOB, "item-3", use_new_input=True, resolved_by="oncall")
         (send,) = [r for r in journal.rows(JOB, "item-3") if r.step == "notify"]
         assert (send.status, send.generation, send.not_sent, send.receipt) == (Status.FAILED, 1, True, None)
         assert journal.held(JOB) == [] and journal.job(JOB).status != "needs_review"
 
-        after = run_batch(journal, JOB, changed, steps(rx))
+        after = run_batch(journal, JOB, changed, steps(rx), settle_in_task=False)
         assert after.status == "completed" and after.executed_steps == 2 and rx.verify_calls == []
         (send,) = [r for r in journal.rows(JOB, "item-3") if r.step == "notify"]
         assert (send.status, send.generation, send.not_sent) == (Status.SUCCEEDED, 1, False)
@@ -144,7 +144,7 @@ def test_new_content_after_use_new_input_arrives_exactly_once(journal_location, 
         assert rx.call(f"/notifications/{idempotency_key(JOB, 'item-3', 'notify')}")[0] == 200  # the old one
         assert rx.bodies("item-3") == [items[2], changed[2]]
         # Settled: nothing more is sent, and every other item kept its generation-0 key.
-        assert run_batch(journal, JOB, changed, steps(rx)).executed_steps == 0
+        assert run_batch(journal, JOB, changed, steps(rx), settle_in_task=False).executed_steps == 0
         assert {r.item_id: r.generation for r in journal.rows(JOB) if r.step == "notify"} == {
             "item-1": 0, "item-2": 0, "item-3": 1, "item-4": 0, "item-5": 0}
     assert rx.store.stats()["per_item"] == {"item-1": 1, "item-2": 1, "item-3": 2, "item-4": 1, "item-5": 1}
@@ -172,27 +172,27 @@ def test_retries_verify_and_not_delivered_keep_the_generation(journal_location, 
     items = [{"id": "a", "amount": 1}, {"id": "b", "amount": 2}]
     changed = [{"id": "a", "amount": 5}, {"id": "b", "amount": 6}]
     with StepJournal(journal_location) as journal:
-        run_batch(journal, JOB, items, steps(rx))
-        run_batch(journal, JOB, changed, steps(rx))
+        run_batch(journal, JOB, items, steps(rx), settle_in_task=False)
+        run_batch(journal, JOB, changed, steps(rx), settle_in_task=False)
         for item_id in ("a", "b"):
             journal.resolve_input_change(JOB, item_id, use_new_input=True, resolved_by="oncall")
         # a: accepted, reply lost -> verify finds it under the generation-1 key.
         # b: refused before accept, no verify -> held; not_delivered -> sent once under the same key.
         rx.store.arm("a", "after_accept")
         with pytest.raises(Exception):
-            run_batch(journal, JOB, changed[:1], steps(rx))
+            run_batch(journal, JOB, changed[:1], steps(rx), settle_in_task=False)
         rx.store.arm("b", "before_accept")
         with pytest.raises(HttpFailed):
-            run_batch(journal, JOB, changed[1:], steps(rx, with_verify=False))
-        assert run_batch(journal, JOB, changed[:1], steps(rx)).verified_steps == 1
-        held = run_batch(journal, JOB, changed[1:], steps(rx, with_verify=False))
+            run_batch(journal, JOB, changed[1:], steps(rx, with_verify=False), settle_in_task=False)
+        assert run_batch(journal, JOB, changed[:1], steps(rx), settle_in_task=False).verified_steps == 1
+        held = run_batch(journal, JOB, changed[1:], steps(rx, with_verify=False), settle_in_task=False)
         assert [(h.item_id, h.generation) for h in held.held] == [("b", 1)]
         # What the on-call engineer asks the receiver about: the key of the held generation.
         shown = subprocess.run([CLI, "--journal", journal_location, "held", JOB, "--json"], capture_output=True,
                                text=True, timeout=60, check=True)
         assert [h["idempotency_key"] for h in json.loads(shown.stdout)] == [idempotency_key(JOB, "b", "notify", 1)]
         journal.resolve(JOB, "b", "notify", delivered=False, resolved_by="oncall", note="not in their log")
-        assert run_batch(journal, JOB, changed, steps(rx, with_verify=False)).status == "completed"
+        assert run_batch(journal, JOB, changed, steps(rx, with_verify=False), settle_in_task=False).status == "completed"
         rows = {r.item_id: r for r in journal.rows(JOB) if r.step == "notify"}
         assert {i: (r.status, r.generation, r.attempts) for i, r in rows.items()} == {
             "a": (Status.SUCCEEDED, 1, 2), "b": (Status.SUCCEEDED, 1, 3)}
@@ -209,7 +209,7 @@ def test_not_sent_error_is_sent_again_without_verify_or_hold(journal_location, r
     rx.unreachable = {"item-04", "item-09"}
     with StepJournal(journal_location) as journal:
         with pytest.raises(Unreachable):
-            run_batch(journal, JOB, items, steps(rx), concurrency=concurrency)
+            run_batch(journal, JOB, items, steps(rx), concurrency=concurrency, settle_in_task=False)
         failed = [r for r in journal.rows(JOB) if r.status == Status.FAILED]
         assert failed and all((r.step, r.not_sent, r.error_type) == ("notify", True, "Unreachable") for r in failed)
         # Not an unknown outcome: nothing to resolve, the job only waits for its next run.
@@ -218,8 +218,8 @@ def test_not_sent_error_is_sent_again_without_verify_or_hold(journal_location, r
         # Once more unreachable: still not sent, still no hold.
         rx.unreachable = {failed[0].item_id}
         with pytest.raises(Unreachable):
-            run_batch(journal, JOB, items, steps(rx), concurrency=concurrency)
-        result = run_batch(journal, JOB, items, steps(rx), concurrency=concurrency)
+            run_batch(journal, JOB, items, steps(rx), concurrency=concurrency, settle_in_task=False)
+        result = run_batch(journal, JOB, items, steps(rx), concurrency=concurrency, settle_in_task=False)
         assert result.status == "completed" and result.held == [] and result.verified_steps == 0
         assert rx.verify_calls == []
         assert all(r.status == Status.SUCCEEDED and not r.not_sent for r in journal.rows(JOB))
@@ -235,12 +235,12 @@ def test_an_unknown_failure_after_a_not_sent_one_is_verified_again(journal_locat
     with StepJournal(journal_location) as journal:
         rx.unreachable = {"a"}
         with pytest.raises(Unreachable):
-            run_batch(journal, JOB, items, steps(rx, with_verify=False))
+            run_batch(journal, JOB, items, steps(rx, with_verify=False), settle_in_task=False)
         rx.store.arm("a", "after_accept")
         with pytest.raises(Exception):
-            run_batch(journal, JOB, items, steps(rx, with_verify=False))
+            run_batch(journal, JOB, items, steps(rx, with_verify=False), settle_in_task=False)
         (row,) = [r for r in journal.rows(JOB) if r.step == "notify"]
         assert (row.status, row.not_sent) == (Status.FAILED, False)
-        held = run_batch(journal, JOB, items, steps(rx, with_verify=False))
+        held = run_batch(journal, JOB, items, steps(rx, with_verify=False), settle_in_task=False)
         assert [(h.item_id, h.reason) for h in held.held] == [("a", HeldReason.UNKNOWN_OUTCOME)]
     assert rx.store.stats()["per_item"] == {"a": 1}

@@ -373,7 +373,8 @@ def check_run(journal: StepJournal, world: World, model: Model, job_id: str, bat
     if expected.verified:
         event("verify found a receipt")
     try:
-        result = run_batch(journal, job_id, [dict(item) for item in batch], world.steps(), concurrency=concurrency)
+        result = run_batch(journal, job_id, [dict(item) for item in batch], world.steps(), concurrency=concurrency,
+                           settle_in_task=False)
     except (LocalBoom, RefusedBeforeAccept, AcceptedThenLost, Unreachable) as exc:
         assert expected.raised is not None, f"raised {type(exc).__name__}, the model expected no exception"
         if concurrency == 1:
@@ -785,11 +786,11 @@ def test_model_agrees_with_the_article_scenario(tmp_path):
         real_world = World("article", with_verify=False)
         real_world.faults = {("item-041", "notify"): BEFORE_ACCEPT}
         try:
-            run_batch(journal, "article", items, real_world.steps())
+            run_batch(journal, "article", items, real_world.steps(), settle_in_task=False)
         except RefusedBeforeAccept:
             pass
         real_world.faults = {}
-        result = run_batch(journal, "article", items, real_world.steps())
+        result = run_batch(journal, "article", items, real_world.steps(), settle_in_task=False)
         assert (result.executed_steps, result.skipped_steps) == (second.executed, second.skipped)
         assert result.held == [HeldStep("article", "item-041", "notify", HeldReason.UNKNOWN_OUTCOME)]
         assert {r.status for r in journal.rows("article", "item-041")} == {Status.SUCCEEDED, Status.FAILED}

@@ -27,7 +27,8 @@ PUBLIC_API = {
         "InvalidStepOutputError", "JobBusyError", "JobPrunedError", "JournalConfigError", "JournalConnectionError",
         "JournalCorruptError", "JournalDiskFullError", "JournalError", "JournalLocationError", "JournalVersionError",
         "MailNotSent", "MailOutcomeUnknown", "NotHeldError", "NotSentError", "OutcomeUnknownError", "PageError",
-        "ReceiverError", "ReceiverRefused", "ReceiverUnreachable", "ResolutionError", "ResolutionRefused", "ResumableError",
+        "ReceiverError", "ReceiverRefused", "ReceiverUnavailableError", "ReceiverUnreachable", "ResolutionError",
+        "ResolutionRefused", "ResumableError",
         "StaleDecisionError",
     },
     "airflow_resumable.journal": {
@@ -37,8 +38,8 @@ PUBLIC_API = {
         "JobBusyError", "JournalError", "JournalLocationError", "NotHeldError",
     },
     "airflow_resumable.runner": {
-        "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Step", "StepContext", "StepFn",
-        "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
+        "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Settlement", "Step", "StepContext",
+        "StepFn", "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
         "BatchStopped", "HeldStep", "InvalidItemError", "NotSentError",
     },
     "airflow_resumable.cli": {"main"},

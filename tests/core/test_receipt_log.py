@@ -102,7 +102,7 @@ def test_a_send_costs_one_commit_and_its_receipt_one_log_line(tmp_path):
             return real(durable=durable)
 
         journal.engine.write = counting  # type: ignore[method-assign]
-        run_batch(journal, JOB, [{"id": i} for i in range(50)], steps)
+        run_batch(journal, JOB, [{"id": i} for i in range(50)], steps, settle_in_task=False)
     assert len(sent) == 50
     # One durable commit per send (its IN_FLIGHT mark, carrying the previous receipt), plus the close.
     assert commits.count(True) == 50 and len(commits) <= 52, commits
@@ -158,7 +158,7 @@ def test_a_failed_flush_keeps_every_record_for_the_next_one(tmp_path):
         try:
             # The progress report on failure outlasts the other writer, so close() can flush.
             run_batch(journal, JOB, [{"id": 1}, {"id": 2}], steps, on_progress=lambda p: time.sleep(0.6),
-                      progress_interval=3600)
+                      progress_interval=3600, settle_in_task=False)
         except JournalError as exc:
             assert "locked" in str(exc)
         else:
@@ -168,7 +168,7 @@ def test_a_failed_flush_keeps_every_record_for_the_next_one(tmp_path):
         rows = {(r.item_id, r.step): (r.status, r.receipt) for r in journal.rows(JOB)}
         assert rows[("1", "notify")] == (Status.SUCCEEDED, "r-1")
         assert ("2", "notify") not in rows
-        result = run_batch(journal, JOB, [{"id": 1}, {"id": 2}], steps)
+        result = run_batch(journal, JOB, [{"id": 1}, {"id": 2}], steps, settle_in_task=False)
     assert (result.status, delivered) == ("completed", [1, 2])
 
 
@@ -178,7 +178,7 @@ def test_upserts_fit_an_old_sqlite_variable_limit(tmp_path):
             return  # Python 3.10: the conservative 999 is assumed anyway
         journal.engine._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)  # SQLite < 3.32
         steps = [Step("a", lambda item, ctx: 1), Step("b", lambda item, ctx: 2)]
-        result = run_batch(journal, JOB, [{"id": i} for i in range(700)], steps)  # 1,400 rows buffered
+        result = run_batch(journal, JOB, [{"id": i} for i in range(700)], steps, settle_in_task=False)  # 1,400 rows buffered
         assert result.executed_steps == 1400 and len(journal.rows(JOB)) == 1400
 
 

@@ -256,19 +256,20 @@ def test_a_stop_between_verify_and_the_send_leaves_no_audit_row_and_sends_nothin
     with StepJournal(journal_location) as journal:
         receiver.fail_next_send("item-002", "before_accept")
         with pytest.raises(ReceiverFailed):
-            run_batch(journal, JOB, batch, steps, concurrency=concurrency)
+            run_batch(journal, JOB, batch, steps, concurrency=concurrency, settle_in_task=False)
         sent_before = receiver.deliveries()
         assert "item-002" not in sent_before
 
         with pytest.raises(BatchStopped):
-            run_batch(journal, JOB, batch, steps, concurrency=concurrency, stop=stop)
+            run_batch(journal, JOB, batch, steps, concurrency=concurrency, stop=stop, settle_in_task=False)
         assert stop.is_set()
         assert [r for r in journal.resolutions(JOB) if r.resolved_by == "verify"] == []
         assert row(journal, "item-002").status == Status.FAILED
         assert [r.item_id for r in journal.rows(JOB) if r.status == Status.IN_FLIGHT] == []
         assert receiver.deliveries() == sent_before
 
-        resumed = run_batch(journal, JOB, batch, steps, concurrency=concurrency, stop=threading.Event())
+        resumed = run_batch(journal, JOB, batch, steps, concurrency=concurrency, stop=threading.Event(),
+                            settle_in_task=False)
         assert (resumed.status, resumed.resent_steps) == ("completed", 1)
         (audit,) = [r for r in journal.resolutions(JOB) if r.resolved_by == "verify"]
         assert (audit.item_id, audit.decision, audit.previous_status) == ("item-002", "not_delivered", "FAILED")

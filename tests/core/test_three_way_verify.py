@@ -45,7 +45,7 @@ def fail_once_at(journal: StepJournal, receiver: Receiver, item_id: str) -> list
     receiver.refuse.add(item_id)
     plain = [Step("notify", receiver.send, side_effect=True)]
     with pytest.raises(TimeoutError):
-        run_batch(journal, JOB, ITEMS, plain)
+        run_batch(journal, JOB, ITEMS, plain, settle_in_task=False)
     return plain
 
 
@@ -53,11 +53,11 @@ def test_not_delivered_sends_a_held_send_once_and_audits_it(journal_location):
     receiver = Receiver()
     with StepJournal(journal_location) as journal:
         plain = fail_once_at(journal, receiver, "b")
-        held = run_batch(journal, JOB, ITEMS, plain)  # no verify: held, never re-sent blindly
+        held = run_batch(journal, JOB, ITEMS, plain, settle_in_task=False)  # no verify: held, never re-sent blindly
         assert held.held == [HeldStep(JOB, "b", "notify", HeldReason.UNKNOWN_OUTCOME)]
 
         three_way = [Step("notify", receiver.send, side_effect=True, verify=receiver.three_way)]
-        result = run_batch(journal, JOB, ITEMS, three_way)
+        result = run_batch(journal, JOB, ITEMS, three_way, settle_in_task=False)
         assert (result.status, result.held, result.resent_steps, result.executed_steps) == ("completed", [], 1, 1)
         assert set(receiver.delivered.values()) == {1} and len(receiver.delivered) == 3
         (audit,) = journal.resolutions(JOB)
@@ -67,7 +67,7 @@ def test_not_delivered_sends_a_held_send_once_and_audits_it(journal_location):
         (row,) = journal.rows(JOB, "b")
         assert (row.status, row.receipt, row.held_reason, row.attempts) == (Status.SUCCEEDED, "rcpt-b", None, 2)
         # Resumed again: nothing is sent, nothing audited.
-        again = run_batch(journal, JOB, ITEMS, three_way)
+        again = run_batch(journal, JOB, ITEMS, three_way, settle_in_task=False)
         assert (again.executed_steps, again.resent_steps, len(journal.resolutions(JOB))) == (0, 0, 1)
 
 
@@ -76,7 +76,7 @@ def test_none_still_holds_and_a_receipt_still_settles_without_a_send(journal_loc
     with StepJournal(journal_location) as journal:
         fail_once_at(journal, receiver, "c")
         unsure = run_batch(journal, JOB, ITEMS, [Step("notify", receiver.send, side_effect=True,
-                                                      verify=receiver.lookup)])
+                                                      verify=receiver.lookup)], settle_in_task=False)
         assert unsure.held == [HeldStep(JOB, "c", "notify", HeldReason.UNKNOWN_OUTCOME)]
         assert idempotency_key(JOB, "c", "notify") not in receiver.delivered and journal.resolutions(JOB) == []
 
@@ -96,7 +96,8 @@ def test_an_answer_that_is_no_receipt_holds_and_never_settles(journal_location, 
         fail_once_at(journal, receiver, "b")
         receiver.refuse.add("c")  # c's send gets no reply this time
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, ITEMS, [Step("notify", receiver.send, side_effect=True, verify=lambda ctx: answer)])
+            run_batch(journal, JOB, ITEMS, [Step("notify", receiver.send, side_effect=True, verify=lambda ctx: answer)],
+                      settle_in_task=False)
         assert journal.held(JOB) == [HeldStep(JOB, "b", "notify", HeldReason.UNKNOWN_OUTCOME)]
         (row,) = journal.rows(JOB, "b")
         assert (row.status, row.receipt) == (Status.FAILED, None)
@@ -116,7 +117,7 @@ def test_verify_held_resolves_not_delivered_so_the_next_run_sends_once(journal_l
         assert settled == [HeldStep(JOB, "a", "notify", HeldReason.UNKNOWN_OUTCOME)]
         (audit,) = journal.resolutions(JOB)
         assert (audit.decision, audit.resolved_by) == ("not_delivered", "verify")
-        result = run_batch(journal, JOB, ITEMS, steps)
+        result = run_batch(journal, JOB, ITEMS, steps, settle_in_task=False)
         assert (result.status, result.executed_steps) == ("completed", 3)
         assert set(receiver.delivered.values()) == {1} and len(receiver.delivered) == 3
 

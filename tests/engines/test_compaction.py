@@ -86,7 +86,7 @@ def compacted_count(location: str) -> int:
 def compact_every_item(journal: StepJournal, receiver: Receiver) -> None:
     """Settle the held send (the receiver had it), finish the job, compact all of it."""
     journal.resolve(JOB, "item-007", "send", delivered=True, receipt="r-7", resolved_by="oncall")
-    run_batch(journal, JOB, items(), receiver.steps())
+    run_batch(journal, JOB, items(), receiver.steps(), settle_in_task=False)
     assert journal.compact(timedelta(0)) == {JOB: 40}
 
 
@@ -97,9 +97,9 @@ def finished_job(journal_location: str) -> Receiver:
     with StepJournal(journal_location) as journal:
         receiver.fail.add("item-007")
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, items(), receiver.steps())
+            run_batch(journal, JOB, items(), receiver.steps(), settle_in_task=False)
         receiver.fail.clear()
-        result = run_batch(journal, JOB, items(), receiver.steps())
+        result = run_batch(journal, JOB, items(), receiver.steps(), settle_in_task=False)
         assert [h.item_id for h in result.held] == ["item-007"]
     return receiver
 
@@ -127,12 +127,12 @@ def test_a_run_after_compaction_sends_nothing_again_and_resolves_as_before(journ
     with StepJournal(journal_location) as journal:
         journal.compact(timedelta(0))
         sent = list(receiver.sent)
-        again = run_batch(journal, JOB, items(), receiver.steps())
+        again = run_batch(journal, JOB, items(), receiver.steps(), settle_in_task=False)
         assert receiver.sent == sent and again.executed_steps == 0
         assert [h.item_id for h in again.held] == ["item-007"]  # still held, never sent blindly
         assert compacted_count(journal_location) == 39  # finished items stay compacted: nothing to look at
         journal.resolve(JOB, "item-007", "send", delivered=False, resolved_by="oncall")
-        assert run_batch(journal, JOB, items(), receiver.steps()).status == "completed"
+        assert run_batch(journal, JOB, items(), receiver.steps(), settle_in_task=False).status == "completed"
         assert receiver.sent == [*sent, "item-007"]
         assert journal.compact(timedelta(0)) == {JOB: 1}  # finished again: its last item too
         assert compacted_count(journal_location) == 40
@@ -145,7 +145,7 @@ def test_a_changed_item_is_put_back_and_held_and_its_new_input_sent_once(journal
         compact_every_item(journal, receiver)
         before = {r.step: r for r in journal.rows(JOB, "item-012")}
         sent = list(receiver.sent)
-        result = run_batch(journal, JOB, items(**{"item-012": 999}), receiver.steps())
+        result = run_batch(journal, JOB, items(**{"item-012": 999}), receiver.steps(), settle_in_task=False)
         assert [(h.item_id, h.reason) for h in result.held] == [("item-012", HeldReason.INPUT_CHANGED)]
         assert receiver.sent == sent
         assert compacted_count(journal_location) == 39  # item-012 alone is live again
@@ -153,7 +153,8 @@ def test_a_changed_item_is_put_back_and_held_and_its_new_input_sent_once(journal
         assert now["send"] == before["send"]  # put back as it was; the hold is on its first step
         assert now["validate"].held_reason == HeldReason.INPUT_CHANGED
         journal.resolve_input_change(JOB, "item-012", use_new_input=True, resolved_by="oncall")
-        assert run_batch(journal, JOB, items(**{"item-012": 999}), receiver.steps()).status == "completed"
+        assert run_batch(journal, JOB, items(**{"item-012": 999}), receiver.steps(),
+                         settle_in_task=False).status == "completed"
         assert receiver.sent == [*sent, "item-012"]  # the new input, once, under its next key
     backends.assert_counts_exact(journal_location)
 
@@ -164,7 +165,7 @@ def test_a_step_added_later_runs_alone_with_the_compacted_steps_outputs(journal_
         compact_every_item(journal, receiver)
         recorded = {i["id"]: {r.step: r.output for r in journal.rows(JOB, i["id"])} for i in items()}
         sent = list(receiver.sent)
-        result = run_batch(journal, JOB, items(), receiver.steps(extra=True))
+        result = run_batch(journal, JOB, items(), receiver.steps(extra=True), settle_in_task=False)
         assert result.status == "completed" and result.executed_steps == 40 and receiver.sent == sent
         assert receiver.outputs == recorded  # validate's, transform's and the send's receipt, as journaled
         assert compacted_count(journal_location) == 0  # every item was looked at again
@@ -228,9 +229,10 @@ def test_postgres_prune_drops_a_partition_once_no_job_has_a_number_in_it(journal
         compact_every_item(journal, finished_job)  # JOB: number 1
         finished_job.fail.add("item-003")
         with pytest.raises(TimeoutError):
-            run_batch(journal, other, items(10), finished_job.steps())
+            run_batch(journal, other, items(10), finished_job.steps(), settle_in_task=False)
         finished_job.fail.clear()
-        assert [h.item_id for h in run_batch(journal, other, items(10), finished_job.steps()).held] == ["item-003"]
+        assert [h.item_id for h in run_batch(journal, other, items(10), finished_job.steps(),
+                                             settle_in_task=False).held] == ["item-003"]
         assert journal.compact(timedelta(0)) == {other: 9}  # number 2; item-003 held, live
         backends.execute(journal_location, "SELECT setval('job_numbers', 100)")  # 98 more jobs were numbered since
         kept = all_rows(journal, other)
@@ -242,18 +244,18 @@ def test_postgres_prune_drops_a_partition_once_no_job_has_a_number_in_it(journal
         backends.assert_counts_exact(journal_location)
 
         journal.resolve(other, "item-003", "send", delivered=True, receipt="r-3", resolved_by="oncall")
-        run_batch(journal, other, items(10), finished_job.steps())
+        run_batch(journal, other, items(10), finished_job.steps(), settle_in_task=False)
         assert journal.prune(timedelta(0)) == [other]
         assert partitions(journal_location) == [] and compacted_count(journal_location) == 0
         backends.assert_counts_exact(journal_location)
 
         third = "dag/send/run-3"
-        run_batch(journal, third, items(5), finished_job.steps())
+        run_batch(journal, third, items(5), finished_job.steps(), settle_in_task=False)
         before = all_rows(journal, third)
         assert journal.compact(timedelta(0)) == {third: 5}
         assert partitions(journal_location) == ["compacted_64_128"] and all_rows(journal, third) == before
         sent = len(finished_job.sent)
-        assert run_batch(journal, third, items(5), finished_job.steps()).executed_steps == 0
+        assert run_batch(journal, third, items(5), finished_job.steps(), settle_in_task=False).executed_steps == 0
         assert len(finished_job.sent) == sent
 
 
@@ -324,7 +326,7 @@ def test_a_job_running_or_touched_since_the_cut_off_is_left_alone(journal_locati
 def test_paging_while_items_are_compacted_sees_each_row_once(journal_location):
     receiver = Receiver()
     with StepJournal(journal_location) as journal:
-        run_batch(journal, JOB, items(300), receiver.steps())
+        run_batch(journal, JOB, items(300), receiver.steps(), settle_in_task=False)
         expected = [(r.item_id, r.step) for r in journal.rows(JOB)]
     done = threading.Event()
 
@@ -370,7 +372,7 @@ KILLED_COMPACTION = textwrap.dedent("""
 def test_a_compaction_killed_part_way_leaves_whole_items_and_exact_counts(journal_location, tmp_path):
     receiver = Receiver()
     with StepJournal(journal_location) as journal:
-        run_batch(journal, JOB, items(100), receiver.steps())
+        run_batch(journal, JOB, items(100), receiver.steps(), settle_in_task=False)
         before = all_rows(journal)
     script = tmp_path / "compact.py"
     script.write_text(KILLED_COMPACTION)
@@ -385,7 +387,8 @@ def test_a_compaction_killed_part_way_leaves_whole_items_and_exact_counts(journa
     with StepJournal(journal_location) as journal:
         assert all_rows(journal) == before
         sent = list(receiver.sent)
-        assert run_batch(journal, JOB, items(100), receiver.steps()).executed_steps == 0 and receiver.sent == sent
+        assert run_batch(journal, JOB, items(100), receiver.steps(),
+                         settle_in_task=False).executed_steps == 0 and receiver.sent == sent
         left = 100 - compacted_count(journal_location)
         assert journal.compact(timedelta(0)) == {JOB: left}
         assert compacted_count(journal_location) == 100 and all_rows(journal) == before
@@ -465,7 +468,7 @@ def test_a_run_of_fewer_steps_leaves_the_compacted_items_where_they_are(journal_
         compact_every_item(journal, receiver)
         sent = list(receiver.sent)
         validate, _, send = receiver.steps()
-        result = run_batch(journal, JOB, items(), [validate, send])
+        result = run_batch(journal, JOB, items(), [validate, send], settle_in_task=False)
         assert (result.executed_steps, result.skipped_steps, receiver.sent) == (0, 80, sent)
         assert compacted_count(journal_location) == 40
 
@@ -480,7 +483,7 @@ def test_a_whole_job_read_at_once_names_no_item_in_a_statement(tmp_path):
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         if not hasattr(journal.engine._connection, "setlimit"):
             pytest.skip("Python 3.10's sqlite3 cannot lower the parameter limit (Connection.setlimit is 3.11's)")
-        run_batch(journal, JOB, items(600), receiver.steps())
+        run_batch(journal, JOB, items(600), receiver.steps(), settle_in_task=False)
         before = all_rows(journal)
         journal.compact(timedelta(0))
         journal.engine._connection.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 999)
@@ -543,7 +546,7 @@ def test_postgres_a_prune_stopped_before_it_forgot_or_dropped_is_finished_by_the
         assert journal.job(JOB).items == (40 if stopped_at == "forgetting" else 0)
         sent = len(finished_job.sent)
         with pytest.raises(JobPrunedError):
-            run_batch(journal, JOB, items(), finished_job.steps())
+            run_batch(journal, JOB, items(), finished_job.steps(), settle_in_task=False)
         assert len(finished_job.sent) == sent
         assert journal.prune(timedelta(days=365)) == ([JOB] if stopped_at == "forgetting" else [])
         assert journal.job(JOB).items == 0 and all_rows(journal) == [] and partitions(journal_location) == []

@@ -153,7 +153,8 @@ def journal_with_ids(path: Path, ids: list[str]) -> None:
     from airflow_resumable.runner import Step, run_batch
 
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, [{"id": i} for i in ids], [Step("send", lambda item, ctx: ctx.item_id, side_effect=True)])
+        run_batch(journal, JOB, [{"id": i} for i in ids], [Step("send", lambda item, ctx: ctx.item_id, side_effect=True)],
+                  settle_in_task=False)
 
 
 def test_finding_7_show_never_prints_raw_escape_sequences(tmp_path):
@@ -230,9 +231,9 @@ def ui_server(airflow_template, tmp_path_factory):
     journal_path = tmp / "worker" / "journal.sqlite3"
     send = [Step("send", lambda item, ctx: f"rcpt-{ctx.job_id[-8:]}-{item['id']}", side_effect=True)]
     with StepJournal(journal_path) as journal:
-        run_batch(journal, PLAIN_JOB, [{"id": "plain-item"}], send)
-        run_batch(journal, JSON_NAMED_JOB, [{"id": "json-named-item"}], send)
-        run_batch(journal, LONG_JOB, [{"id": "long-item"}], send)
+        run_batch(journal, PLAIN_JOB, [{"id": "plain-item"}], send, settle_in_task=False)
+        run_batch(journal, JSON_NAMED_JOB, [{"id": "json-named-item"}], send, settle_in_task=False)
+        run_batch(journal, LONG_JOB, [{"id": "long-item"}], send, settle_in_task=False)
         # A dead runner's send: IN_FLIGHT in the journal, its receipt only in the receipt log.
         with journal.open_job(LOGGED_JOB) as run:
             run.mark_in_flight("in-flight", "notify", "d1")
@@ -352,10 +353,10 @@ def test_finding_4_a_full_disk_is_reported_as_such_and_nothing_is_lost(small_dis
              Step("send", lambda item, ctx: sent.append(ctx.item_id) or f"r-{ctx.item_id}", side_effect=True)]
     items = [{"id": f"item-{i:04d}"} for i in range(300)]
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, items[:10], steps)
+        run_batch(journal, JOB, items[:10], steps, settle_in_task=False)
     filler = fill(small_disk, leave=256 * 1024)  # room for some of the batch, not all of it
     with pytest.raises(JournalDiskFullError) as caught, StepJournal(path) as journal:
-        run_batch(journal, JOB, items, steps)
+        run_batch(journal, JOB, items, steps, settle_in_task=False)
     message = str(caught.value)
     assert "is full" in message and "Free space" in message and "restore it from a backup" not in message
     assert not isinstance(caught.value, JournalCorruptError)
@@ -363,7 +364,7 @@ def test_finding_4_a_full_disk_is_reported_as_such_and_nothing_is_lost(small_dis
 
     filler.unlink()  # the operator frees space and retries
     with StepJournal(path) as journal:
-        result = run_batch(journal, JOB, items, steps)
+        result = run_batch(journal, JOB, items, steps, settle_in_task=False)
         rows = journal.rows(JOB)
     assert result.status == "completed" or result.held
     delivered = {r.item_id for r in rows if r.step == "send" and r.status == Status.SUCCEEDED}
@@ -546,7 +547,7 @@ def test_one_error_root_catches_every_error_the_provider_raises():
         from airflow_resumable.runner import Step, run_batch
 
         with StepJournal(Path(__import__("tempfile").mkdtemp()) / "j.sqlite3") as journal_:
-            run_batch(journal_, JOB, [{"id": None}], [Step("s", lambda item, ctx: 1)])
+            run_batch(journal_, JOB, [{"id": None}], [Step("s", lambda item, ctx: 1)], settle_in_task=False)
 
 
 # -- found under load: processes creating one journal at the same moment -------------

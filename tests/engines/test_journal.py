@@ -125,7 +125,7 @@ def open_umask():
 
 def test_directory_0700_file_0600_and_sidecars_0600(path, open_umask):
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, [{"id": "a"}], Receiver().steps())
+        run_batch(journal, JOB, [{"id": "a"}], Receiver().steps(), settle_in_task=False)
         assert mode_of(path.parent) == 0o700
         assert mode_of(path) == 0o600
         for suffix in ("-wal", "-shm"):
@@ -169,13 +169,13 @@ def test_a_second_journal_on_the_file_in_one_process_leaves_the_first_its_locks(
     take itself for the file's last user and delete the -wal file under the open journal: what the
     task writes next must reach every other process (and the disk), not an unlinked file."""
     with StepJournal(path, durability="normal") as journal:
-        run_batch(journal, "first/job", [{"id": "a"}], Receiver().steps())
+        run_batch(journal, "first/job", [{"id": "a"}], Receiver().steps(), settle_in_task=False)
         StepJournal(path, readonly=True).close()
         read_elsewhere = ("import sys; from airflow_resumable.journal import StepJournal\n"
                           "with StepJournal(sys.argv[1], readonly=True) as j: print(j.job(sys.argv[2]))")
         subprocess.run([sys.executable, "-c", read_elsewhere, str(path), "first/job"], check=True)
         assert Path(str(path) + "-wal").exists()
-        run_batch(journal, JOB, [{"id": "a"}, {"id": "b"}], Receiver().steps())
+        run_batch(journal, JOB, [{"id": "a"}, {"id": "b"}], Receiver().steps(), settle_in_task=False)
         seen = subprocess.run([sys.executable, "-c", read_elsewhere, str(path), JOB],
                               check=True, capture_output=True, text=True).stdout
         assert "items=2" in seen, seen
@@ -188,7 +188,7 @@ def test_busy_timeout_waits_for_another_writer(path):
         blocker.execute("BEGIN IMMEDIATE")
         threading.Timer(0.3, lambda: blocker.execute("COMMIT")).start()
         started = time.monotonic()
-        result = run_batch(journal, JOB, [{"id": "a"}], Receiver().steps())
+        result = run_batch(journal, JOB, [{"id": "a"}], Receiver().steps(), settle_in_task=False)
         waited = time.monotonic() - started
         blocker.close()
         assert result.status == "completed"
@@ -202,7 +202,7 @@ def test_busy_timeout_expiry_is_a_clear_error_and_nothing_is_sent(path):
         blocker.execute("BEGIN IMMEDIATE")
         try:
             with pytest.raises(JournalError, match="locked"):
-                run_batch(journal, JOB, [{"id": "a"}], receiver.steps())
+                run_batch(journal, JOB, [{"id": "a"}], receiver.steps(), settle_in_task=False)
         finally:
             blocker.execute("ROLLBACK")
             blocker.close()
@@ -294,9 +294,9 @@ def test_forward_migration_from_version_1(path):
         assert notify.updated_at == datetime.fromtimestamp(1_600_000_009.0, tz=timezone.utc)
 
         # The migrated history is live: the old job resumes (nothing re-sent), the held one stays held.
-        result = run_batch(journal, "old/job", [item], receiver.steps())
+        result = run_batch(journal, "old/job", [item], receiver.steps(), settle_in_task=False)
         assert (result.executed_steps, result.skipped_steps, result.status) == (0, 3, "completed")
-        held = run_batch(journal, "old/held", [{"id": "h"}], receiver.steps())
+        held = run_batch(journal, "old/held", [{"id": "h"}], receiver.steps(), settle_in_task=False)
         assert held.held == [HeldStep("old/held", "h", "notify", HeldReason.UNKNOWN_OUTCOME)]
         assert receiver.deliveries == []
         backends.assert_counts_exact(path)
@@ -309,7 +309,7 @@ def test_forward_migration_from_version_1(path):
 
 def test_a_journal_from_a_newer_version_is_refused_and_left_alone(path):
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, [{"id": "a"}], Receiver().steps())
+        run_batch(journal, JOB, [{"id": "a"}], Receiver().steps(), settle_in_task=False)
     conn = raw(path)
     conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     conn.close()
@@ -331,7 +331,7 @@ def test_a_journal_from_a_newer_version_is_refused_and_left_alone(path):
 def _open_and_run(path: Path, receiver: Receiver) -> None:
     """What a task does: open the journal, run a batch."""
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, [{"id": i} for i in range(20)], receiver.steps())
+        run_batch(journal, JOB, [{"id": i} for i in range(20)], receiver.steps(), settle_in_task=False)
 
 
 @pytest.mark.parametrize(
@@ -356,7 +356,7 @@ def test_garbage_file_is_a_corrupt_journal_and_nothing_is_sent(path, garbage):
 def test_journal_with_corrupt_pages_fails_before_anything_is_sent(path):
     items = [{"id": f"i{n}", "pad": "x" * 400} for n in range(300)]
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, items, Receiver().steps())
+        run_batch(journal, JOB, items, Receiver().steps(), settle_in_task=False)
     data = bytearray(path.read_bytes())
     rng = random.Random(7)
     page = 4096
@@ -369,7 +369,7 @@ def test_journal_with_corrupt_pages_fails_before_anything_is_sent(path):
     more = items + [{"id": f"new{n}"} for n in range(20)]
     with pytest.raises(JournalCorruptError, match="Nothing was sent"):
         with StepJournal(path) as journal:
-            run_batch(journal, JOB, more, receiver.steps())
+            run_batch(journal, JOB, more, receiver.steps(), settle_in_task=False)
     assert receiver.deliveries == []
 
 
@@ -491,7 +491,7 @@ def test_journal_on_a_network_filesystem_is_refused_unless_allowed(mounts, fake_
 
     receiver = Receiver()
     with StepJournal(target, allow_network_filesystem=True) as journal:
-        assert run_batch(journal, JOB, [{"id": "a"}], receiver.steps()).status == "completed"
+        assert run_batch(journal, JOB, [{"id": "a"}], receiver.steps(), settle_in_task=False).status == "completed"
     assert len(receiver.deliveries) == 1
 
 
@@ -517,22 +517,23 @@ def test_prune(location):
     with StepJournal(location) as journal:
         for job in ("old/done", "new/done", "old/held", "old/failed-send", "old/changed", "old/local-failed",
                     "old/running"):
-            run_batch(journal, job, [a], receiver.steps())
+            run_batch(journal, job, [a], receiver.steps(), settle_in_task=False)
         # old/held: b's send failed, and the next run held it for a human.
         receiver.fail.add("b")
         with pytest.raises(TimeoutError):
-            run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps())
-        assert run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps()).held == [
+            run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps(), settle_in_task=False)
+        assert run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps(), settle_in_task=False).held == [
             HeldStep("old/held", "b", "notify", HeldReason.UNKNOWN_OUTCOME)]
         # old/failed-send: a send failed and no run has looked at it since (unresolved, not held).
         receiver.fail.add("c")
         with pytest.raises(TimeoutError):
-            run_batch(journal, "old/failed-send", [a, {"id": "c"}], receiver.steps())
+            run_batch(journal, "old/failed-send", [a, {"id": "c"}], receiver.steps(), settle_in_task=False)
         # old/changed: held input_changed.
-        assert run_batch(journal, "old/changed", [{"id": "a", "v": 9}], receiver.steps()).held
+        assert run_batch(journal, "old/changed", [{"id": "a", "v": 9}], receiver.steps(), settle_in_task=False).held
         # old/local-failed: a local step failed.
         with pytest.raises(KeyError):
-            run_batch(journal, "old/local-failed", [a, {"id": "d", "break": "transform"}], receiver.steps())
+            run_batch(journal, "old/local-failed", [a, {"id": "d", "break": "transform"}], receiver.steps(),
+                      settle_in_task=False)
         # old/in-flight: an IN_FLIGHT send left by a crashed runner (the runner's own API marks it).
         with journal.open_job("old/in-flight") as run:
             run.mark_in_flight("x", "notify", digest_of({"id": "x"}))
@@ -569,19 +570,19 @@ def test_prune(location):
         # Re-running a pruned job would re-send everything: refused, nothing sent.
         sent = len(receiver.deliveries)
         with pytest.raises(JobPrunedError) as info:
-            run_batch(journal, "old/done", [a], receiver.steps())
+            run_batch(journal, "old/done", [a], receiver.steps(), settle_in_task=False)
         assert "old/done" in str(info.value) and "pruned" in str(info.value)
         assert len(receiver.deliveries) == sent
         assert journal.rows("old/done") == []
 
         # Once the held job is settled and has run to the end, it can be pruned too.
         journal.resolve("old/held", "b", "notify", delivered=False, resolved_by="oncall")
-        done = run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps())
+        done = run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps(), settle_in_task=False)
         assert done.status == "completed" and receiver.count("b") == 1
         assert journal.prune(timedelta(0)) == ["old/held"]
         assert journal.resolutions("old/held")[0].decision == "not_delivered"  # the audit log is kept
         with pytest.raises(JobPrunedError):
-            run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps())
+            run_batch(journal, "old/held", [a, {"id": "b"}], receiver.steps(), settle_in_task=False)
         assert receiver.count("b") == 1
 
 
@@ -600,7 +601,7 @@ def test_a_run_over_an_empty_batch_is_remembered(location):
     """The operator's wrong-worker guard asks has_job() on a retry: a job that ran here, even with
     nothing to do, has been seen by this journal."""
     with StepJournal(location) as journal:
-        result = run_batch(journal, "empty/job", [], Receiver().steps())
+        result = run_batch(journal, "empty/job", [], Receiver().steps(), settle_in_task=False)
         assert (result.status, result.items_total) == ("completed", 0)
         assert journal.has_job("empty/job")
         assert [j.job_id for j in journal.jobs()] == ["empty/job"]
@@ -614,7 +615,7 @@ def test_resolution_audit_log_is_append_only(path):
     receiver.fail.add("a")
     with StepJournal(path) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, [{"id": "a"}], receiver.steps())
+            run_batch(journal, JOB, [{"id": "a"}], receiver.steps(), settle_in_task=False)
         journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="alice", note="not there")
         before = snapshot(path)["resolutions"]
         assert len(before) == 1
@@ -641,7 +642,7 @@ def test_audit_log_cannot_be_rewritten_with_insert_or_replace(path):
     receiver.fail.add("a")
     with StepJournal(path) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, [{"id": "a"}], receiver.steps())
+            run_batch(journal, JOB, [{"id": "a"}], receiver.steps(), settle_in_task=False)
         journal.resolve(JOB, "a", "notify", delivered=False, resolved_by="alice")
         conn = raw(path)
         try:
@@ -665,17 +666,17 @@ def test_read_api(location):
         a, b, c_old, c_new = {"id": "a", "n": 1}, {"id": "b", "n": 2}, {"id": "c", "n": 3, "break": "transform"}, \
             {"id": "c", "n": 3}
         with pytest.raises(KeyError):  # a done; c's local transform fails
-            run_batch(journal, JOB, [a, c_old], receiver.steps())
+            run_batch(journal, JOB, [a, c_old], receiver.steps(), settle_in_task=False)
         receiver.fail.add("b")
         with pytest.raises(TimeoutError):  # b's send fails before the receiver accepts it
-            run_batch(journal, JOB, [a, b], receiver.steps())
+            run_batch(journal, JOB, [a, b], receiver.steps(), settle_in_task=False)
         items = [a, b, c_new]  # c's input changed since its rows were written
-        second = run_batch(journal, JOB, items, receiver.steps())
+        second = run_batch(journal, JOB, items, receiver.steps(), settle_in_task=False)
         assert sorted(second.held, key=lambda h: h.item_id) == [
             HeldStep(JOB, "b", "notify", HeldReason.UNKNOWN_OUTCOME),
             HeldStep(JOB, "c", "validate", HeldReason.INPUT_CHANGED),
         ]
-        run_batch(journal, "other/job", [{"id": "z"}], receiver.steps())
+        run_batch(journal, "other/job", [{"id": "z"}], receiver.steps(), settle_in_task=False)
         with journal.open_job("crashed/job") as run:
             run.mark_in_flight("q", "notify", digest_of({"id": "q"}))
 
@@ -741,7 +742,7 @@ def test_read_api(location):
         assert audit[0].id < audit[1].id and audit[0].resolved_at <= audit[1].resolved_at
         assert journal.resolutions("other/job") == []
 
-        third = run_batch(journal, JOB, items, receiver.steps())
+        third = run_batch(journal, JOB, items, receiver.steps(), settle_in_task=False)
         assert third.status == "completed" and journal.held() == []
         attempts = {(r.item_id, r.step): r.attempts for r in journal.rows(JOB)}
         # not_delivered keeps the row (and its key): the failed attempt, then the one send after it.
@@ -753,11 +754,11 @@ def test_read_api(location):
 def test_digest_ignores_key_order_and_whitespace(location):
     receiver = Receiver()
     with StepJournal(location) as journal:
-        run_batch(journal, JOB, [{"id": "a", "x": 1, "y": [1, 2]}], receiver.steps())
-        again = run_batch(journal, JOB, [{"y": [1, 2], "x": 1, "id": "a"}], receiver.steps())
+        run_batch(journal, JOB, [{"id": "a", "x": 1, "y": [1, 2]}], receiver.steps(), settle_in_task=False)
+        again = run_batch(journal, JOB, [{"y": [1, 2], "x": 1, "id": "a"}], receiver.steps(), settle_in_task=False)
         assert (again.executed_steps, again.skipped_steps, again.held) == (0, 3, [])
         assert {r.digest for r in journal.rows(JOB)} == {digest_of({"id": "a", "x": 1, "y": [1, 2]})}
-        changed = run_batch(journal, JOB, [{"id": "a", "x": 1, "y": [2, 1]}], receiver.steps())
+        changed = run_batch(journal, JOB, [{"id": "a", "x": 1, "y": [2, 1]}], receiver.steps(), settle_in_task=False)
         assert changed.held == [HeldStep(JOB, "a", "validate", HeldReason.INPUT_CHANGED)]
     assert receiver.count("a") == 1
 
@@ -770,12 +771,12 @@ def test_input_change_is_held_then_resolved(location, use_new_input):
     receiver = Receiver()
     old, new = {"id": "x", "amount": 100}, {"id": "x", "amount": 250}
     with StepJournal(location) as journal:
-        run_batch(journal, JOB, [old, {"id": "y"}], receiver.steps())
-        held = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps())
+        run_batch(journal, JOB, [old, {"id": "y"}], receiver.steps(), settle_in_task=False)
+        held = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps(), settle_in_task=False)
         assert held.held == [HeldStep(JOB, "x", "validate", HeldReason.INPUT_CHANGED)]
         assert (held.executed_steps, held.skipped_steps, held.items_completed) == (0, 3, 1)
         # Neither skipped nor re-sent, however often it is run.
-        assert run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps()).held == held.held
+        assert run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps(), settle_in_task=False).held == held.held
         assert receiver.count("x") == 1
         record = journal.rows(JOB, "x")[0]
         assert (record.digest, record.new_digest) == (digest_of(old), digest_of(new))
@@ -785,7 +786,7 @@ def test_input_change_is_held_then_resolved(location, use_new_input):
         assert resolution.decision == ("use_new_input" if use_new_input else "keep_previous_input")
         assert journal.held(JOB) == []
 
-        after = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps())
+        after = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps(), settle_in_task=False)
         assert after.status == "completed" and after.held == []
         if use_new_input:
             # Processed from scratch: every step ran again and the receiver got the new input.
@@ -805,7 +806,7 @@ def test_input_change_is_held_then_resolved(location, use_new_input):
         assert {r.digest for r in journal.rows(JOB, "x")} == {digest_of(new)}
         assert all(r.status == Status.SUCCEEDED and r.held_reason is None for r in journal.rows(JOB, "x"))
         # Settled: a further run does nothing.
-        final = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps())
+        final = run_batch(journal, JOB, [new, {"id": "y"}], receiver.steps(), settle_in_task=False)
         assert (final.executed_steps, final.skipped_steps) == (0, 6)
         assert receiver.count("x") == (2 if use_new_input else 1)
 
@@ -813,10 +814,10 @@ def test_input_change_is_held_then_resolved(location, use_new_input):
 def test_input_going_back_releases_the_hold(location):
     receiver = Receiver()
     with StepJournal(location) as journal:
-        run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps())
-        assert run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps()).held
+        run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps(), settle_in_task=False)
+        assert run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps(), settle_in_task=False).held
         assert journal.held(JOB)
-        back = run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps())
+        back = run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps(), settle_in_task=False)
         assert (back.status, back.executed_steps, back.skipped_steps) == ("completed", 0, 3)
         assert journal.held(JOB) == [] and journal.rows(JOB, "x")[0].new_digest is None
     assert receiver.count("x") == 1
@@ -829,8 +830,8 @@ def test_keep_previous_input_keeps_an_unknown_outcome_hold(location):
     receiver.fail.add("x")
     with StepJournal(location) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps())
-        changed = run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps())
+            run_batch(journal, JOB, [{"id": "x", "v": 1}], receiver.steps(), settle_in_task=False)
+        changed = run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps(), settle_in_task=False)
         assert changed.held == [HeldStep(JOB, "x", "validate", HeldReason.INPUT_CHANGED)]
         assert journal.held(JOB) == changed.held
         # The failed send is not held yet (no run has verified it) but it is unresolved.
@@ -839,7 +840,7 @@ def test_keep_previous_input_keeps_an_unknown_outcome_hold(location):
         journal.resolve_input_change(JOB, "x", use_new_input=False, resolved_by="dan")
         assert journal.held(JOB) == []
         assert journal.job(JOB).unresolved == 1 and not journal.job(JOB).settled
-        again = run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps())
+        again = run_batch(journal, JOB, [{"id": "x", "v": 2}], receiver.steps(), settle_in_task=False)
         assert again.held == [HeldStep(JOB, "x", "notify", HeldReason.UNKNOWN_OUTCOME)]
         assert (again.executed_steps, again.skipped_steps) == (0, 2)
         assert receiver.deliveries == []
@@ -857,7 +858,7 @@ def test_progress_is_reported_at_the_end_and_when_a_step_fails(tmp_path):
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         try:
             run_batch(journal, "progress/job", [{"id": i} for i in range(1, 6)], steps, on_progress=reports.append,
-                      progress_interval=3600)
+                      progress_interval=3600, settle_in_task=False)
         except TimeoutError:
             pass
         else:
@@ -867,7 +868,7 @@ def test_progress_is_reported_at_the_end_and_when_a_step_fails(tmp_path):
         assert [(p.items_done, p.items_total, p.executed_steps, p.skipped_steps, p.held) for p in reports] == [
             (2, 5, 5, 0, 0)]
         run_batch(journal, "progress/job", [{"id": i} for i in (1, 2, 4, 5)], steps, on_progress=reports.append,
-                  progress_interval=3600)
+                  progress_interval=3600, settle_in_task=False)
     assert [(p.items_done, p.items_total, p.executed_steps, p.skipped_steps) for p in reports[1:]] == [(4, 4, 4, 4)]
 
 
@@ -882,7 +883,7 @@ def test_progress_is_reported_by_time_between_items_not_per_chunk(tmp_path):
     steps = [Step("notify", notify, side_effect=True)]
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         run_batch(journal, "progress/slow", [{"id": i} for i in range(20)], steps, on_progress=reports.append,
-                  progress_interval=0.1)
+                  progress_interval=0.1, settle_in_task=False)
     *during, final = reports
     assert (final.items_done, final.items_total, final.executed_steps) == (20, 20, 20)
     assert len(during) >= 2, reports  # 20 x 30 ms against a 0.1 s interval: several, however loaded

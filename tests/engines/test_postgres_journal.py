@@ -76,7 +76,7 @@ def test_two_schemas_in_one_database_are_two_journals(postgres_url):
     sent: list[str] = []
     with StepJournal(postgres_url, schema="team_a") as a, StepJournal(postgres_url, schema="team_b") as b:
         assert a.journal_id != b.journal_id
-        run_batch(a, JOB, items(3), sending(sent))
+        run_batch(a, JOB, items(3), sending(sent), settle_in_task=False)
         assert b.jobs() == [] and [j.job_id for j in a.jobs()] == [JOB]
         # The same job id in the other journal is another job (and not blocked by the first's claim).
         with a.open_job("shared-name"), b.open_job("shared-name"):
@@ -94,7 +94,7 @@ def test_a_schema_name_that_is_not_plain_is_refused_and_nothing_is_created(postg
 
 def test_a_newer_schema_version_is_refused_and_left_alone(postgres_url):
     with StepJournal(postgres_url) as journal:
-        run_batch(journal, JOB, items(2), sending([]))
+        run_batch(journal, JOB, items(2), sending([]), settle_in_task=False)
     with admin(postgres_url) as conn:
         conn.execute("UPDATE resumable.meta SET value = %s WHERE key = 'schema_version'", (str(SCHEMA_VERSION + 1),))
     before = snapshot(postgres_url)
@@ -106,7 +106,7 @@ def test_a_newer_schema_version_is_refused_and_left_alone(postgres_url):
 def test_a_version_3_journal_is_migrated_and_its_jobs_count_as_finished(postgres_url):
     """Version 4 added jobs.finished_at (unfinished: a run stopped or died part way)."""
     with StepJournal(postgres_url) as journal:
-        run_batch(journal, JOB, items(2), sending([]))
+        run_batch(journal, JOB, items(2), sending([]), settle_in_task=False)
     backends.postgres_downgrade_to_6(postgres_url)
     with admin(postgres_url) as conn:  # back to what a version 3 journal looks like
         conn.execute("ALTER TABLE resumable.jobs DROP COLUMN finished_at, DROP COLUMN dag_id")
@@ -177,7 +177,7 @@ def test_the_audit_log_refuses_update_delete_and_truncate(postgres_url):
 def test_a_read_only_role_can_read_a_journal(postgres_url):
     sent: list[str] = []
     with StepJournal(postgres_url) as journal:
-        run_batch(journal, JOB, items(3), sending(sent))
+        run_batch(journal, JOB, items(3), sending(sent), settle_in_task=False)
     with admin(postgres_url) as conn:
         conn.execute("CREATE ROLE page_reader LOGIN")
         conn.execute("GRANT USAGE ON SCHEMA resumable TO page_reader")
@@ -204,9 +204,10 @@ def test_marks_commit_synchronously_under_full_whatever_the_server_default(postg
         dbname = conn.execute("SELECT current_database()").fetchone()[0]
         conn.execute(f'ALTER DATABASE "{dbname}" SET synchronous_commit = off')
     with StepJournal(postgres_url, durability=durability) as journal:
-        run_batch(journal, "warm-up", items(1), sending([]))  # the schema's own (synchronous) DDL first
+        run_batch(journal, "warm-up", items(1), sending([]),
+                  settle_in_task=False)  # the schema's own (synchronous) DDL first
         before = wal_syncs(postgres_url)
-        result = run_batch(journal, JOB, items(60), sending([]))
+        result = run_batch(journal, JOB, items(60), sending([]), settle_in_task=False)
         assert result.executed_steps == 120
         marks = journal.durable_commit_count
     syncs = wal_syncs(postgres_url) - before  # the journal's session is closed: its statistics are in
@@ -231,7 +232,7 @@ def test_a_separate_connection_sees_the_send_in_flight_inside_the_send(journal_l
             seen[ctx.item_id] = row.status.value
 
     with StepJournal(journal_location) as journal:
-        run_batch(journal, JOB, items(12), sending([], hook=look), concurrency=concurrency)
+        run_batch(journal, JOB, items(12), sending([], hook=look), concurrency=concurrency, settle_in_task=False)
         assert {r.status for r in journal.rows(JOB)} == {Status.SUCCEEDED}
     assert seen == {f"item-{i:03d}": "IN_FLIGHT" for i in range(1, 13)}
 
@@ -254,7 +255,7 @@ def test_a_runner_whose_session_is_terminated_starts_no_further_send(postgres_ur
 
     try:
         with pytest.raises(JournalConnectionError, match="lost the connection") as info:
-            run_batch(journal, JOB, items(20), sending(sent, hook=terminate_at_item_5))
+            run_batch(journal, JOB, items(20), sending(sent, hook=terminate_at_item_5), settle_in_task=False)
         assert "no further send was started" in str(info.value)
         assert sent == [f"item-{i:03d}" for i in range(1, 6)], "nothing was sent after the session ended"
         # The journal object stays unusable: no silent reconnect with a session that holds no claim.
@@ -266,7 +267,7 @@ def test_a_runner_whose_session_is_terminated_starts_no_further_send(postgres_ur
     with StepJournal(postgres_url) as resumed:
         rows = {r.item_id: r.status for r in resumed.rows(JOB) if r.step == "send"}
         assert rows["item-005"] == Status.IN_FLIGHT  # delivered, but its receipt never committed
-        result = run_batch(resumed, JOB, items(20), sending(sent))
+        result = run_batch(resumed, JOB, items(20), sending(sent), settle_in_task=False)
         assert result.held == [HeldStep(JOB, "item-005", "send", HeldReason.UNKNOWN_OUTCOME)]
         resumed.resolve(JOB, "item-005", "send", delivered=True, receipt="rcpt-item-005", resolved_by="oncall")
     assert sorted(sent) == [f"item-{i:03d}" for i in range(1, 21)] and len(set(sent)) == 20
@@ -292,7 +293,7 @@ def test_a_server_that_does_not_answer_is_a_clear_error_and_nothing_is_sent():
     sent: list[str] = []
     with pytest.raises(JournalConnectionError, match="cannot connect") as info:
         with StepJournal(f"postgresql://nobody@127.0.0.1:{free_port()}/none", connect_timeout=2) as journal:
-            run_batch(journal, JOB, items(2), sending(sent))
+            run_batch(journal, JOB, items(2), sending(sent), settle_in_task=False)
     assert sent == [] and "nothing was sent" in str(info.value)
 
 
@@ -313,7 +314,7 @@ def test_a_refused_statement_is_not_a_lost_session_and_the_claim_is_given_back(p
 
     try:
         with pytest.raises(JournalError) as info:
-            run_batch(journal, JOB, items(10), sending(sent, hook=block_the_journal_at_item_3))
+            run_batch(journal, JOB, items(10), sending(sent, hook=block_the_journal_at_item_3), settle_in_task=False)
         assert not isinstance(info.value, JournalConnectionError), info.value
         assert "refused a statement" in str(info.value)
         assert sent == ["item-001", "item-002", "item-003"]
@@ -372,7 +373,7 @@ def test_a_database_that_ends_idle_sessions_does_not_end_a_running_jobs_claim(po
 
     def first() -> None:
         with StepJournal(postgres_url) as journal:
-            outcome["first"] = run_batch(journal, JOB, items(1), sending(sent, slow)).status
+            outcome["first"] = run_batch(journal, JOB, items(1), sending(sent, slow), settle_in_task=False).status
 
     thread = threading.Thread(target=first)
     thread.start()
@@ -380,7 +381,7 @@ def test_a_database_that_ends_idle_sessions_does_not_end_a_running_jobs_claim(po
         assert sending_now.wait(60)
         threading.Event().wait(2.5)  # well past both timeouts
         with StepJournal(postgres_url) as journal, pytest.raises(JobBusyError, match="already running"):
-            run_batch(journal, JOB, items(1), sending(sent))
+            run_batch(journal, JOB, items(1), sending(sent), settle_in_task=False)
     finally:
         second_tried.set()
         thread.join(60)
@@ -396,7 +397,7 @@ def test_the_counts_follow_a_hand_written_statement_whatever_its_sessions_search
 
     held_job(postgres_url, JOB)
     with StepJournal(postgres_url, schema="other") as other:
-        run_batch(other, JOB, items(2), sending([]))
+        run_batch(other, JOB, items(2), sending([]), settle_in_task=False)
     with admin(postgres_url) as conn:
         conn.execute("UPDATE resumable.steps SET held_reason = NULL WHERE job_id = %s", (JOB,))  # a plain session
         conn.execute("SET search_path = resumable")

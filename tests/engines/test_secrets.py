@@ -74,7 +74,7 @@ def test_secret_in_an_exception_message_is_never_written(tmp_path, caplog, fail_
     journal = StepJournal(path, durability=durability)
     try:
         with pytest.raises(PaymentGatewayError) as info:
-            run_batch(journal, JOB, ITEMS, steps(fail_in=fail_in))
+            run_batch(journal, JOB, ITEMS, steps(fail_in=fail_in), settle_in_task=False)
         assert SECRET in str(info.value)  # the caller (the Airflow task) still gets the real exception
 
         open_files = journal_bytes(path)
@@ -91,12 +91,12 @@ def test_secret_in_an_exception_message_is_never_written(tmp_path, caplog, fail_
 
         # The next run verifies the unknown-outcome send; verify raising (with the secret) holds it.
         if fail_in == "notify":
-            second = run_batch(journal, JOB, ITEMS, steps(fail_in="none"))
+            second = run_batch(journal, JOB, ITEMS, steps(fail_in="none"), settle_in_task=False)
             assert second.held == [HeldStep(JOB, "item-3", "notify", HeldReason.UNKNOWN_OUTCOME)]
             assert leaks(journal_bytes(path), SECRET) == []
             journal.resolve(JOB, "item-3", "notify", delivered=False, resolved_by="oncall",
                             note="receiver says no such charge")
-        third = run_batch(journal, JOB, ITEMS, steps(fail_in="none"))
+        third = run_batch(journal, JOB, ITEMS, steps(fail_in="none"), settle_in_task=False)
         assert third.status == "completed"
         assert leaks(journal_bytes(path), SECRET) == []
     finally:
@@ -115,7 +115,7 @@ def test_the_byte_scan_finds_a_token_that_was_written(tmp_path):
     path = tmp_path / "journal.sqlite3"
     canary = "canary_TOKEN_456"
     with StepJournal(path) as journal:
-        run_batch(journal, JOB, ITEMS[:2], steps(fail_in="none", leak_output=canary))
+        run_batch(journal, JOB, ITEMS[:2], steps(fail_in="none", leak_output=canary), settle_in_task=False)
         assert "journal.sqlite3-wal" in leaks(journal_bytes(path), canary)
     assert leaks(journal_bytes(path), canary) == ["journal.sqlite3"]
 
@@ -139,15 +139,15 @@ def test_secret_in_an_exception_message_never_reaches_a_postgres_journal(postgre
     caplog.set_level(logging.DEBUG)
     with StepJournal(postgres_url) as journal:
         with pytest.raises(PaymentGatewayError) as info:
-            run_batch(journal, JOB, ITEMS, steps(fail_in=fail_in))
+            run_batch(journal, JOB, ITEMS, steps(fail_in=fail_in), settle_in_task=False)
         assert SECRET in str(info.value)
         failed = {r.step: r for r in journal.rows(JOB, "item-3")}[fail_in]
         assert failed.status == Status.FAILED and failed.error_type == "PaymentGatewayError"
         if fail_in == "notify":
-            second = run_batch(journal, JOB, ITEMS, steps(fail_in="none"))
+            second = run_batch(journal, JOB, ITEMS, steps(fail_in="none"), settle_in_task=False)
             assert second.held == [HeldStep(JOB, "item-3", "notify", HeldReason.UNKNOWN_OUTCOME)]
             journal.resolve(JOB, "item-3", "notify", delivered=False, resolved_by="oncall")
-        assert run_batch(journal, JOB, ITEMS, steps(fail_in="none")).status == "completed"
+        assert run_batch(journal, JOB, ITEMS, steps(fail_in="none"), settle_in_task=False).status == "completed"
     # The WAL holds every value the journal ever wrote; the error type is there, the secret is not.
     written = postgres_bytes(postgres)
     assert any(b"PaymentGatewayError" in data for name, data in written.items() if name.startswith("pg_wal"))
@@ -161,7 +161,7 @@ def test_the_postgres_byte_scan_finds_a_token_that_was_written(postgres, postgre
         pytest.skip("the byte scan needs the test session's own cluster (RESUMABLE_TEST_POSTGRES_URL is set)")
     canary = f"canary_PG_{os.getpid()}_789"
     with StepJournal(postgres_url) as journal:
-        run_batch(journal, JOB, ITEMS[:2], steps(fail_in="none", leak_output=canary))
+        run_batch(journal, JOB, ITEMS[:2], steps(fail_in="none", leak_output=canary), settle_in_task=False)
     assert any(name.startswith("pg_wal") for name in leaks(postgres_bytes(postgres), canary))
 
 

@@ -37,28 +37,29 @@ def state(journal: StepJournal, job_id: str = JOB) -> tuple[Any, ...]:
 def test_every_write_of_a_row_moves_its_version_on_and_a_skip_does_not(journal_location):
     with StepJournal(journal_location) as journal:
         with pytest.raises(ConnectionError):
-            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
+            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)], settle_in_task=False)
         failed = versions(journal)[("a", "send")]
         assert len(failed) == 16 and int(failed, 16) >= 0  # opaque hex text
-        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])  # held now
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)], settle_in_task=False)  # held now
         (hold,) = journal.held(JOB)
         assert hold.version == versions(journal)[("a", "send")] != failed
         journal.resolve(JOB, "a", "send", delivered=False, resolved_by="alice", expected_version=hold.version)
         owed = versions(journal)[("a", "send")]
         assert owed not in (failed, hold.version)
-        run_batch(journal, JOB, [{"id": "a"}], [Step("send", delivered, side_effect=True)])
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", delivered, side_effect=True)], settle_in_task=False)
         sent = versions(journal)[("a", "send")]
         assert sent not in (failed, hold.version, owed)
-        run_batch(journal, JOB, [{"id": "a"}], [Step("send", delivered, side_effect=True)])  # all skipped
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", delivered, side_effect=True)],
+                  settle_in_task=False)  # all skipped
         assert versions(journal)[("a", "send")] == sent
 
 
 def test_an_input_change_hold_and_its_resolution_move_the_version_on(journal_location):
     steps = [Step("send", delivered, side_effect=True)]
     with StepJournal(journal_location) as journal:
-        run_batch(journal, JOB, [{"id": "a", "v": 1}], steps)
+        run_batch(journal, JOB, [{"id": "a", "v": 1}], steps, settle_in_task=False)
         before = versions(journal)[("a", "send")]
-        run_batch(journal, JOB, [{"id": "a", "v": 2}], steps)
+        run_batch(journal, JOB, [{"id": "a", "v": 2}], steps, settle_in_task=False)
         (hold,) = journal.held(JOB)
         assert hold.reason == HeldReason.INPUT_CHANGED and hold.version != before
         with pytest.raises(StaleDecisionError, match="changed since it was looked at"):
@@ -75,8 +76,8 @@ def test_a_decision_on_a_version_the_row_no_longer_has_is_refused_and_changes_no
         # Someone else settles it, and a run sends it again and loses the reply again: held again.
         journal.resolve(JOB, "a", "send", delivered=False, resolved_by="bob")
         with pytest.raises(ConnectionError):
-            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
-        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
+            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)], settle_in_task=False)
+        run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)], settle_in_task=False)
         (now,) = journal.held(JOB)
         assert now.reason == seen.reason and now.generation == seen.generation  # looks the same ...
         assert now.version != seen.version  # ... but is not the row alice saw
@@ -136,10 +137,11 @@ def test_bad_decision_text_is_refused_with_one_message_and_changes_nothing(journ
 def test_the_job_records_the_dag_of_its_first_run(journal_location):
     with StepJournal(journal_location) as journal:
         run_batch(journal, "reports/2026-12-05", [{"id": "a"}], [Step("send", delivered, side_effect=True)],
-                  dag_id="payments")
+                  dag_id="payments", settle_in_task=False)
         run_batch(journal, "reports/2026-12-05", [{"id": "b"}], [Step("send", delivered, side_effect=True)],
-                  dag_id="reports")
-        run_batch(journal, "outside/airflow", [{"id": "a"}], [Step("send", delivered, side_effect=True)])
+                  dag_id="reports", settle_in_task=False)
+        run_batch(journal, "outside/airflow", [{"id": "a"}], [Step("send", delivered, side_effect=True)],
+                  settle_in_task=False)
         assert journal.job("reports/2026-12-05").dag_id == "payments"
         assert journal.job("outside/airflow").dag_id is None
 
@@ -153,7 +155,7 @@ def test_verify_held_asks_and_settles_under_the_jobs_claim(journal_location):
         def look_up(ctx: StepContext) -> Any:
             asked.append(ctx.idempotency_key)
             with pytest.raises(JobBusyError):  # a run started now must not get the job
-                run_batch(other, JOB, [{"id": "a"}], [Step("send", delivered, side_effect=True)])
+                run_batch(other, JOB, [{"id": "a"}], [Step("send", delivered, side_effect=True)], settle_in_task=False)
             return NOT_DELIVERED
 
         settled = verify_held(journal, JOB, look_up)
@@ -182,7 +184,7 @@ def test_a_resend_whose_mark_could_not_be_committed_leaves_no_audit_row(journal_
     for the run's closing flush to write."""
     with StepJournal(journal_location) as journal:
         with pytest.raises(ConnectionError):
-            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)])
+            run_batch(journal, JOB, [{"id": "a"}], [Step("send", lost, side_effect=True)], settle_in_task=False)
         sends: list[str] = []
         steps = [Step("send", lambda item, ctx: sends.append(ctx.item_id) or "r", side_effect=True,
                       verify=lambda ctx: NOT_DELIVERED)]
@@ -195,8 +197,8 @@ def test_a_resend_whose_mark_could_not_be_committed_leaves_no_audit_row(journal_
 
         monkeypatch.setattr(journal.engine, "apply", mark_commit_fails)
         with pytest.raises(OSError):
-            run_batch(journal, JOB, [{"id": "a"}], steps)
+            run_batch(journal, JOB, [{"id": "a"}], steps, settle_in_task=False)
         monkeypatch.setattr(journal.engine, "apply", apply)
         assert sends == [] and journal.resolutions(JOB) == []
-        run_batch(journal, JOB, [{"id": "a"}], steps)
+        run_batch(journal, JOB, [{"id": "a"}], steps, settle_in_task=False)
         assert sends == ["a"] and [r.resolved_by for r in journal.resolutions(JOB)] == ["verify"]

@@ -60,8 +60,8 @@ def two_holds(location) -> None:
     """Job 'j': a done, b held (unknown outcome), c held (input changed)."""
     with StepJournal(location) as journal:
         with pytest.raises(TimeoutError):
-            run_batch(journal, "j", items_of_j(1), STEPS)
-        run_batch(journal, "j", items_of_j(2), STEPS)
+            run_batch(journal, "j", items_of_j(1), STEPS, settle_in_task=False)
+        run_batch(journal, "j", items_of_j(2), STEPS, settle_in_task=False)
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ def test_export_json_and_csv_and_prune(journal_path, tmp_path):
     assert json.loads(cli(journal_path, "--json", "prune", "--older-than", "0d").stdout) == {"pruned": []}
     other = tmp_path / "other.sqlite3"
     with StepJournal(other) as journal:
-        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)])
+        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)], settle_in_task=False)
     assert json.loads(cli(other, "--json", "prune", "--older-than", "0d").stdout) == {"pruned": ["finished"]}
 
 
@@ -175,7 +175,7 @@ def test_global_options_work_after_the_sub_command(journal_path):
 def test_prune_reads_short_and_iso_8601_durations(journal_path, tmp_path, text):
     other = tmp_path / "other.sqlite3"
     with StepJournal(other) as journal:
-        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)])
+        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)], settle_in_task=False)
     result = cli(other, "--json", "prune", "--older-than", text)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == {"pruned": []}  # the job finished just now: not 30 days old
@@ -242,7 +242,7 @@ def test_held_and_show_give_the_idempotency_key_and_jobs_a_status(journal_path, 
     assert header.split()[:2] == ["JOB_ID", "STATUS"] and line.split()[:2] == ["j", "needs_review"]
     done = tmp_path / "done.sqlite3"
     with StepJournal(done) as journal:
-        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)])
+        run_batch(journal, "finished", [{"id": "x"}], [Step("s", lambda i, c: 1)], settle_in_task=False)
     assert json.loads(cli(done, "jobs", "--json").stdout)[0]["status"] == "completed"
 
 
@@ -263,10 +263,10 @@ def a_colleague_settles_then_runs_hold_again(location, *items: str) -> None:
         if "b" in items:
             journal.resolve("j", "b", "notify", delivered=False, resolved_by="colleague")
             with pytest.raises(TimeoutError):
-                run_batch(journal, "j", items_of_j(2), STEPS)
+                run_batch(journal, "j", items_of_j(2), STEPS, settle_in_task=False)
         if "c" in items:
             journal.resolve_input_change("j", "c", use_new_input=False, resolved_by="colleague")
-        run_batch(journal, "j", items_of_j(3 if "c" in items else 2), STEPS)
+        run_batch(journal, "j", items_of_j(3 if "c" in items else 2), STEPS, settle_in_task=False)
         assert {h.item_id for h in journal.held("j")} == {"b", "c"}
 
 
@@ -481,7 +481,7 @@ def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_throu
     steps = [Step("send", lambda item, ctx: sent.append(item["id"]) or "ok", side_effect=True)]
     with pytest.raises(JournalVersionError, match="airflow-resumable migrate"):
         with StepJournal(postgres_url) as journal:
-            run_batch(journal, "next", [{"id": "x"}], steps)
+            run_batch(journal, "next", [{"id": "x"}], steps, settle_in_task=False)
     assert sent == []  # refused before anything was sent
     run_cli, where = shared_journal_cli(postgres_url)
     looked = run_cli("held")  # an on-call is told the same
@@ -492,7 +492,7 @@ def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_throu
     assert migrated.stdout == f"journal {where}: schema version 6 -> 8\n"
     assert_counts_exact(postgres_url)  # the kept counts were computed for the jobs already there
     with StepJournal(postgres_url) as journal:
-        run_batch(journal, "next", [{"id": "x"}], steps)
+        run_batch(journal, "next", [{"id": "x"}], steps, settle_in_task=False)
     assert sent == ["x"]
     assert {h["item_id"] for h in json.loads(run_cli("held", "j", "--json").stdout)} == {"b", "c"}
     again = run_cli("migrate", "--json")
@@ -548,7 +548,8 @@ def test_export_into_a_reader_that_stops_early_ends_quietly(tmp_path):
 def test_a_terminal_that_is_not_utf8_gets_ids_escaped(tmp_path):
     path = tmp_path / "journal.sqlite3"
     with StepJournal(path) as journal:
-        run_batch(journal, "jé", [{"id": "é-ünï"}], [Step("notify", lambda item, ctx: "r", side_effect=True)])
+        run_batch(journal, "jé", [{"id": "é-ünï"}], [Step("notify", lambda item, ctx: "r", side_effect=True)],
+                  settle_in_task=False)
     env = {**os.environ, "PYTHONIOENCODING": "ascii"}
     for args in (("jobs",), ("show", "jé"), ("export", "jé", "--format", "csv")):
         done = cli(path, *args, env=env)

@@ -31,7 +31,7 @@ def finished_jobs(location) -> None:
     with StepJournal(location, durability="normal") as journal:
         for n, job_id in enumerate(FINISHED_JOBS):
             run_batch(journal, job_id, [{"id": f"item-{i}"} for i in range(3)], [Step("check", lambda i, c: True)],
-                      dag_id="d1" if n % 2 else "d2")
+                      dag_id="d1" if n % 2 else "d2", settle_in_task=False)
 
 
 @pytest.fixture
@@ -193,7 +193,8 @@ def big_job(location, job_id: str, items: int) -> None:
     ids = ["=1+1", *(f"item-{i:06d}" for i in range(items - 1))]
     with StepJournal(location, durability="normal") as journal:
         run_batch(journal, job_id, ({"id": i} for i in ids),
-                  [Step("fetch", lambda item, ctx: {"id": item["id"]}), Step("score", lambda item, ctx: 7)])
+                  [Step("fetch", lambda item, ctx: {"id": item["id"]}), Step("score", lambda item, ctx: 7)],
+                  settle_in_task=False)
 
 
 def test_an_export_over_several_pages_is_the_document_one_read_gives(journal_location, monkeypatch):
@@ -277,7 +278,8 @@ def many_rows(location, job_id: str, items: int) -> None:
     """Job ``job_id`` with ``items`` rows of one step, and as many audit rows, written in SQL at once:
     ten items through the runner, their rows copied, then one audit row per item."""
     with StepJournal(location, durability="normal") as journal:
-        run_batch(journal, job_id, [{"id": f"seed-{i}"} for i in range(10)], [Step("fetch", lambda i, c: {"n": 1})])
+        run_batch(journal, job_id, [{"id": f"seed-{i}"} for i in range(10)], [Step("fetch", lambda i, c: {"n": 1})],
+                  settle_in_task=False)
     columns = backends.columns(location, "steps")
     copied = ", ".join("item_id || '~' || CAST(k AS TEXT)" if c == "item_id" else c for c in columns)
     numbers = ("generate_series(1, ?) AS n(k)" if backends.is_postgres(location)

@@ -166,7 +166,7 @@ def _run_until_held(journal: StepJournal, job_id: str, item_ids: Sequence[str], 
     # Each run loses one send's reply (and stops there); the next holds it and goes on to the next send.
     for _ in range(len(item_ids) + 1):
         try:
-            result = run_batch(journal, job_id, [{"id": i} for i in item_ids], SENDS, dag_id=dag_id)
+            result = run_batch(journal, job_id, [{"id": i} for i in item_ids], SENDS, dag_id=dag_id, settle_in_task=False)
         except ConnectionError:
             continue
         return sorted(h.item_id for h in result.held)
@@ -387,7 +387,8 @@ def test_a_viewer_of_one_dag_pages_through_its_jobs_alone_and_no_cursor_names_an
         for n in range(7):  # payments' jobs between two of reports' each time: pages of 3 read past them
             for dag in ("reports", "payments", "reports"):
                 job = f"{dag}/send/paged-{n}-{len(made[dag])}"
-                run_batch(journal, job, [{"id": "a"}], [Step("send", _sent, side_effect=True)], dag_id=dag)
+                run_batch(journal, job, [{"id": "a"}], [Step("send", _sent, side_effect=True)], dag_id=dag,
+                          settle_in_task=False)
                 made[dag].append(job)
 
     def pages(query: dict[str, Any]) -> list[dict[str, Any]]:

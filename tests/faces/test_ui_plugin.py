@@ -45,14 +45,14 @@ def _write_journal(path) -> None:
     items = [{"id": f"item-{i:03d}"} for i in range(1, 51)] + [{"id": EVIL_ITEM}]
     with StepJournal(path) as journal:
         with pytest.raises(LostReply):
-            run_batch(journal, HELD_JOB, items, steps)
+            run_batch(journal, HELD_JOB, items, steps, settle_in_task=False)
         with pytest.raises(LostReply):
-            run_batch(journal, HELD_JOB, items, steps)
-        result = run_batch(journal, HELD_JOB, items, steps)
+            run_batch(journal, HELD_JOB, items, steps, settle_in_task=False)
+        result = run_batch(journal, HELD_JOB, items, steps, settle_in_task=False)
         assert sorted(h.item_id for h in result.held) == sorted(["item-041", EVIL_ITEM])
-        run_batch(journal, DONE_JOB, [{"id": "item-001"}], steps)
-        run_batch(journal, CHANGED_JOB, [{"id": "a", "v": 1}, {"id": "b", "v": 1}], steps)
-        changed = run_batch(journal, CHANGED_JOB, [{"id": "a", "v": 2}, {"id": "b", "v": 1}], steps)
+        run_batch(journal, DONE_JOB, [{"id": "item-001"}], steps, settle_in_task=False)
+        run_batch(journal, CHANGED_JOB, [{"id": "a", "v": 1}, {"id": "b", "v": 1}], steps, settle_in_task=False)
+        changed = run_batch(journal, CHANGED_JOB, [{"id": "a", "v": 2}, {"id": "b", "v": 1}], steps, settle_in_task=False)
         assert [h.reason.value for h in changed.held] == ["input_changed"]
 
 

@@ -141,9 +141,9 @@ def test_http_notifier_verifies_a_lost_reply_by_key_and_never_resends(receiver_f
     server.store.arm("item-041", "after_accept")
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(Exception) as failure:
-            run_batch(journal, "job", items, steps)
+            run_batch(journal, "job", items, steps, settle_in_task=False)
         assert "item-041" not in str(failure.value)
-        second = run_batch(journal, "job", items, steps)
+        second = run_batch(journal, "job", items, steps, settle_in_task=False)
         assert second.held == [] and second.verified_steps == 1 and second.executed_steps == 9
     stats = server.store.stats()
     # With dedupe off, the receiver would count any re-send: the journal alone prevents them.
@@ -158,8 +158,8 @@ def fault_then_run_again(server, http, tmp_path, count: int, item_id: str, fault
     server.store.arm(item_id, fault)
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(Exception):
-            run_batch(journal, "job", items, steps)
-        return run_batch(journal, "job", items, steps), journal.resolutions("job")
+            run_batch(journal, "job", items, steps, settle_in_task=False)
+        return run_batch(journal, "job", items, steps, settle_in_task=False), journal.resolutions("job")
 
 
 @pytest.mark.parametrize("extra", [{"lookup_authoritative": True}, {"lookup_authoritative": "true"}, {}])
@@ -244,16 +244,16 @@ def test_http_notify_raises_not_sent_only_when_no_byte_was_written(receiver_fact
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         for conn_id in ("closed", "nowhere"):
             with pytest.raises(ReceiverUnreachable):
-                run_batch(journal, "job", items, steps(conn_id))
+                run_batch(journal, "job", items, steps(conn_id), settle_in_task=False)
             (row,) = journal.rows("job")
             assert (row.item_id, row.status.value, row.not_sent, row.error_type) == (
                 "item-1", "FAILED", True, "ReceiverUnreachable")
         server.store.arm("item-2", "after_accept")
         with pytest.raises(Exception) as lost:
-            run_batch(journal, "job", items, steps("receiver"))
+            run_batch(journal, "job", items, steps("receiver"), settle_in_task=False)
         assert not isinstance(lost.value, NotSentError)
         assert {r.item_id: r.not_sent for r in journal.rows("job")} == {"item-1": False, "item-2": False}
-        done = run_batch(journal, "job", items, steps("receiver"))
+        done = run_batch(journal, "job", items, steps("receiver"), settle_in_task=False)
         assert done.status == "completed" and done.verified_steps == 1 and verified == ["item-2"]
     assert server.store.stats() == {"deliveries": 3, "items": 3, "duplicates": 0,
                                     "per_item": {"item-1": 1, "item-2": 1, "item-3": 1}}
@@ -292,7 +292,8 @@ def test_a_redirect_after_the_post_is_an_unknown_outcome_not_a_refused_connectio
         http = HttpReceiver("redirecting", timeout=5)
         with StepJournal(tmp_path / "journal.sqlite3") as journal:
             with pytest.raises(ReceiverError, match="303"):
-                run_batch(journal, "job", [{"id": "a"}], [Step("notify", http.notify, side_effect=True)])
+                run_batch(journal, "job", [{"id": "a"}], [Step("notify", http.notify, side_effect=True)],
+                          settle_in_task=False)
             (row,) = journal.rows("job")
             assert (row.status.value, row.not_sent) == ("FAILED", False)  # unknown: verify or hold, never resend
     finally:
@@ -406,8 +407,8 @@ def test_a_lookup_redirected_to_a_404_holds_the_send_and_never_sends_it_again(sc
     steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(ReceiverError, match="502"):
-            run_batch(journal, "job", [{"id": "a"}], steps)
-        second = run_batch(journal, "job", [{"id": "a"}], steps)
+            run_batch(journal, "job", [{"id": "a"}], steps, settle_in_task=False)
+        second = run_batch(journal, "job", [{"id": "a"}], steps, settle_in_task=False)
         assert [(h.item_id, h.reason) for h in second.held] == [("a", HeldReason.UNKNOWN_OUTCOME)]
         assert second.resent_steps == 0 and journal.resolutions("job") == []
     assert [method for method, _ in seen] == ["POST", "GET"] and ("GET", "/login") not in seen
@@ -466,8 +467,8 @@ def test_notify_takes_a_2xx_that_is_not_the_receivers_json_as_an_unknown_outcome
     steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(ReceiverError):
-            run_batch(journal, "job", [{"id": "a"}], steps)
-        again = run_batch(journal, "job", [{"id": "a"}], steps)
+            run_batch(journal, "job", [{"id": "a"}], steps, settle_in_task=False)
+        again = run_batch(journal, "job", [{"id": "a"}], steps, settle_in_task=False)
         assert [h.reason for h in again.held] == [HeldReason.UNKNOWN_OUTCOME]
     assert [m for m, _ in seen].count("POST") == 1
 
@@ -486,8 +487,8 @@ def test_notify_records_a_2xx_without_receipt_as_delivered_never_as_receipt_none
     http = HttpReceiver("scripted", timeout=5)
     steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
-        first = run_batch(journal, "job", [{"id": "a"}], steps)
-        again = run_batch(journal, "job", [{"id": "a"}], steps)
+        first = run_batch(journal, "job", [{"id": "a"}], steps, settle_in_task=False)
+        again = run_batch(journal, "job", [{"id": "a"}], steps, settle_in_task=False)
         (row,) = journal.rows("job")
     assert (first.status, first.executed_steps, again.executed_steps) == ("completed", 1, 0)
     assert row.status == Status.SUCCEEDED and row.receipt == f"HTTP {status}, no receipt in the reply"
@@ -526,11 +527,11 @@ def test_a_429_is_sent_again_with_the_same_key_never_looked_up_or_held(scripted_
     items = [{"id": i} for i in ("a", "b", "c")]
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(ReceiverRefused) as refused:
-            run_batch(journal, "job", items, steps)
+            run_batch(journal, "job", items, steps, settle_in_task=False)
         assert (refused.value.status, refused.value.retry_after) == (429, 7.0)
         (b_row,) = journal.rows("job", "b")
         assert (b_row.status, b_row.not_sent, b_row.error_type) == (Status.FAILED, True, "ReceiverRefused")
-        again = run_batch(journal, "job", items, steps)
+        again = run_batch(journal, "job", items, steps, settle_in_task=False)
         assert (again.status, again.held, again.executed_steps) == ("completed", [], 2)
         assert {r.item_id: r.receipt for r in journal.rows("job")} == {"a": "r-1", "b": "r-3", "c": "r-4"}
     assert [method for method, _ in seen] == ["POST"] * 4  # a, b refused, then b and c: never a look-up
@@ -552,9 +553,9 @@ def test_a_503_is_an_unknown_outcome_unless_the_connection_names_it_a_refusal(sc
     steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
     with StepJournal(tmp_path / "unknown.sqlite3") as journal:
         with pytest.raises(ReceiverError) as unknown:
-            run_batch(journal, "job", items, steps)
+            run_batch(journal, "job", items, steps, settle_in_task=False)
         assert not isinstance(unknown.value, ReceiverRefused)
-        again = run_batch(journal, "job", items, steps)
+        again = run_batch(journal, "job", items, steps, settle_in_task=False)
         assert [h.reason for h in again.held] == [HeldReason.UNKNOWN_OUTCOME]
     assert [method for method, _ in seen] == ["POST", "POST", "GET"]
 
@@ -563,9 +564,9 @@ def test_a_503_is_an_unknown_outcome_unless_the_connection_names_it_a_refusal(sc
     steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
     with StepJournal(tmp_path / "refused.sqlite3") as journal:
         with pytest.raises(ReceiverRefused) as refused:
-            run_batch(journal, "job", items, steps)
+            run_batch(journal, "job", items, steps, settle_in_task=False)
         assert (refused.value.status, refused.value.retry_after) == (503, None)
-        assert run_batch(journal, "job", items, steps).held == []
+        assert run_batch(journal, "job", items, steps, settle_in_task=False).held == []
     assert [method for method, _ in seen] == ["POST", "POST", "POST"]
     assert not any("refusal_statuses" in headers or "lookup_authoritative" in headers for headers in seen.headers)
 
@@ -605,7 +606,7 @@ def test_refusal_statuses_that_are_not_error_statuses_are_refused_before_anythin
     http = HttpReceiver("scripted", timeout=5)
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(NotSentError, match=message):
-            run_batch(journal, "job", [{"id": "a"}], [Step("notify", http.notify, side_effect=True)])
+            run_batch(journal, "job", [{"id": "a"}], [Step("notify", http.notify, side_effect=True)], settle_in_task=False)
         (row,) = journal.rows("job")
         assert (row.status, row.not_sent) == (Status.FAILED, True)
     assert seen == []

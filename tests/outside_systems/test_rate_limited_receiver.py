@@ -48,7 +48,7 @@ def test_a_batch_through_a_rate_limit_resumes_with_each_refused_send_and_deliver
             runs += 1
             assert runs <= 40, "the batch never finished"
             try:
-                result = run_batch(journal, "limited/job", items, steps, concurrency=4)
+                result = run_batch(journal, "limited/job", items, steps, concurrency=4, settle_in_task=False)
                 break
             except ReceiverRefused as refused:
                 refusals.append(refused)

@@ -99,7 +99,7 @@ class TestWithoutServers:
         with StepJournal(tmp_path / "journal.sqlite3") as journal:
             with pytest.raises(InvalidMessage, match=says):
                 run_batch(journal, "job", [item, {"id": "b", "to": "b@example.test", "amount": 2}],
-                          [Step(STEP, receiver().notify, side_effect=True)])
+                          [Step(STEP, receiver().notify, side_effect=True)], settle_in_task=False)
             (row,) = journal.rows("job")
         assert (row.item_id, row.status, row.not_sent, row.error_type) == ("a", Status.FAILED, True, "InvalidMessage")
 
@@ -120,12 +120,12 @@ class TestWithoutServers:
         steps = [Step(STEP, mail.notify, side_effect=True, verify=lambda ctx: asked.append(ctx) or None)]
         with StepJournal(tmp_path / "journal.sqlite3") as journal:
             with pytest.raises(MailNotSent) as failure:
-                run_batch(journal, "job", items(2), steps)
+                run_batch(journal, "job", items(2), steps, settle_in_task=False)
             assert isinstance(failure.value, NotSentError) and "ConnectionRefusedError" in str(failure.value)
             (row,) = journal.rows("job")
             assert (row.status, row.not_sent, row.error_type) == (Status.FAILED, True, "MailNotSent")
             with pytest.raises(MailNotSent):
-                run_batch(journal, "job", items(2), steps)  # sent again, not verified (still refused)
+                run_batch(journal, "job", items(2), steps, settle_in_task=False)  # sent again, not verified (still refused)
         assert asked == []
 
 
@@ -190,13 +190,13 @@ def test_a_cut_session_then_a_retry_delivers_every_mail_exactly_once(mail_server
     raised, settles = FAULTS[fault]
     with StepJournal(journal_location) as journal:
         with pytest.raises(Exception) as first:
-            run_batch(journal, job_id, items(8), steps)
+            run_batch(journal, job_id, items(8), steps, settle_in_task=False)
         assert armed.fired.is_set() and type(first.value).__name__ == raised
         if fault == Fault.AFTER_MARKER:  # the retry comes once the server has answered the marker
             assert armed.answered.wait(60), "the server never answered the marker"
         (row,) = [r for r in journal.rows(job_id) if r.item_id == "item-004"]
         assert (row.status, row.not_sent) == (Status.FAILED, fault == Fault.BEFORE_MARKER)
-        second = run_batch(journal, job_id, items(8), steps)
+        second = run_batch(journal, job_id, items(8), steps, settle_in_task=False)
         resolutions = journal.resolutions(job_id)
     assert second.status == "completed" and second.held == []
     if settles == "sent again, not verified":
@@ -222,9 +222,9 @@ def test_a_session_cut_while_the_body_is_written_is_not_sent(mail_servers, proxy
     armed = proxy.arm(Fault.BODY_CUT, "user2@example.test")
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(MailNotSent) as cut:
-            run_batch(journal, job_id, items(3), steps)
+            run_batch(journal, job_id, items(3), steps, settle_in_task=False)
         assert armed.fired.is_set() and cut.value.stage == "the body"
-        assert run_batch(journal, job_id, items(3), steps).status == "completed"
+        assert run_batch(journal, job_id, items(3), steps, settle_in_task=False).status == "completed"
     assert verify.asked == []
     assert_each_mail_once(mail_servers, job_id, 3)
 
@@ -243,12 +243,12 @@ def test_only_a_mail_the_archive_cannot_show_is_held_when_the_archive_is_not_aut
                             (Fault.REPLY_LOST, "user6@example.test")):
             proxy.arm(fault, rcpt)
             with pytest.raises(Exception):
-                run_batch(journal, job_id, items(8), steps)
-        last = run_batch(journal, job_id, items(8), steps)
+                run_batch(journal, job_id, items(8), steps, settle_in_task=False)
+        last = run_batch(journal, job_id, items(8), steps, settle_in_task=False)
         assert [(h.item_id, h.reason) for h in last.held] == [("item-004", HeldReason.UNKNOWN_OUTCOME)]
         # The on-call engineer finds nothing in the archive and confirms it: the next run sends it once.
         journal.resolve(job_id, "item-004", STEP, delivered=False, resolved_by="on-call", note="not in the archive")
-        assert run_batch(journal, job_id, items(8), steps).status == "completed"
+        assert run_batch(journal, job_id, items(8), steps, settle_in_task=False).status == "completed"
     assert_each_mail_once(mail_servers, job_id, 8)
 
 
@@ -266,7 +266,7 @@ def test_a_refusal_sends_nothing_and_a_permanent_one_fails_without_retrying(mail
         for local, error in (("later", MailNotSent), ("reject", MailRejected)):
             batch = [{"id": "item-001", "to": f"{local}@example.test", "amount": 1}]
             with pytest.raises(error) as refused:
-                run_batch(journal, job_id + local, batch, steps)
+                run_batch(journal, job_id + local, batch, steps, settle_in_task=False)
             assert ("550" if local == "reject" else "451") in str(refused.value)
             assert isinstance(refused.value, airflow_fail_exception()) == (local == "reject")
             (row,) = journal.rows(job_id + local)
@@ -338,9 +338,9 @@ def test_a_marker_reply_cut_at_any_byte_is_verified_never_sent_again(mail_server
         for keep in range(count):
             armed = proxy.arm(Fault.REPLY_CUT, f"user{keep + 1}@example.test", keep=keep)
             with pytest.raises(MailOutcomeUnknown):
-                run_batch(journal, job_id, items(count), steps)
+                run_batch(journal, job_id, items(count), steps, settle_in_task=False)
             assert armed.fired.is_set() and armed.answered.is_set()
-        last = run_batch(journal, job_id, items(count), steps)
+        last = run_batch(journal, job_id, items(count), steps, settle_in_task=False)
     assert last.status == "completed" and last.verified_steps == 1 and last.executed_steps == 0
     assert verify.asked == [f"item-{n:03d}" for n in range(1, count + 1)]
     assert_each_mail_once(mail_servers, job_id, count)
@@ -373,11 +373,11 @@ def test_only_a_whole_refusal_of_the_marker_counts_as_not_sent(mail_servers, pro
     armed = proxy.arm(Fault.REPLY_FORGED, "user2@example.test", answer=answer, forward=forward)
     with StepJournal(tmp_path / "journal.sqlite3") as journal:
         with pytest.raises(Exception) as first:
-            run_batch(journal, job_id, items(3), steps)
+            run_batch(journal, job_id, items(3), steps, settle_in_task=False)
         assert armed.fired.is_set() and type(first.value).__name__ == raised
         (row,) = journal.rows(job_id, "item-002")
         assert (row.status, row.not_sent) == (Status.FAILED, raised != "MailOutcomeUnknown")
-        second = run_batch(journal, job_id, items(3), steps)
+        second = run_batch(journal, job_id, items(3), steps, settle_in_task=False)
     assert second.status == "completed" and second.held == []
     if settled_by == "found":
         assert verify.asked == ["item-002"] and second.verified_steps == 1 and second.executed_steps == 1
@@ -417,20 +417,20 @@ def test_a_reply_cut_before_the_marker_is_not_sent_and_never_a_refusal_for_good(
             if stage == "greeting":  # SmtpHook connects again after a lost greeting (retry_limit 1): cut both
                 proxy.arm(Fault.REPLY_CUT, rcpt, stage=stage, keep=keep)
             with pytest.raises(MailNotSent) as cut:
-                run_batch(journal, job_id, items(len(cuts)), steps)
+                run_batch(journal, job_id, items(len(cuts)), steps, settle_in_task=False)
             proxy.disarm()
             assert armed.fired.is_set() and not isinstance(cut.value, MailRejected)
             # smtplib reads a whole "250" cut off before its "-" as EHLO's answer: MAIL then finds the session gone.
             assert cut.value.stage in ("connect", "EHLO", "MAIL", "RCPT", "DATA"), (stage, keep, cut.value.stage)
             (row,) = [r for r in journal.rows(job_id) if r.status != Status.SUCCEEDED]  # MAIL's: the next item's
             assert (row.status, row.not_sent) == (Status.FAILED, True)
-        assert run_batch(journal, job_id, items(len(cuts)), steps).status == "completed"
+        assert run_batch(journal, job_id, items(len(cuts)), steps, settle_in_task=False).status == "completed"
         assert verify.asked == []
         rejected = [{"id": "item-001", "to": "reject-me@example.test", "amount": 1}]
         for keep in range(len(REJECTION) + 1):
             proxy.arm(Fault.REPLY_CUT, "reject-me@example.test", stage="RCPT", keep=keep)
             with pytest.raises(MailNotSent) as refused:
-                run_batch(journal, f"{job_id}-reject-{keep}", rejected, steps)
+                run_batch(journal, f"{job_id}-reject-{keep}", rejected, steps, settle_in_task=False)
             whole = keep == len(REJECTION)
             assert isinstance(refused.value, MailRejected) == whole, keep
             assert isinstance(refused.value, airflow_fail_exception()) == whole, keep

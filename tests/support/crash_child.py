@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
         started = time.monotonic()
         try:
             result = run_batch(journal, job, batch, steps, concurrency=args.concurrency,
-                               runner=f"crash_child:{os.getpid()}")
+                               runner=f"crash_child:{os.getpid()}", settle_in_task=False)
         except JobBusyError as exc:
             return {"busy": True, "elapsed": time.monotonic() - started, "message": str(exc)}
         except (ReceiverFailed, ReceiverReplyLost) as exc:  # only with --http-receiver

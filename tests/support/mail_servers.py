@@ -591,7 +591,7 @@ def _send_main(args: argparse.Namespace) -> None:
     steps = [Step("send_mail", receiver.notify, side_effect=True, verify=receiver.verify)]
     with StepJournal(args.journal) as journal:
         try:
-            result = run_batch(journal, args.job, items(args.count, args.domain), steps)
+            result = run_batch(journal, args.job, items(args.count, args.domain), steps, settle_in_task=False)
         except Exception as exc:  # noqa: BLE001 - the parent reads the type
             print(json.dumps({"error": type(exc).__name__}), flush=True)
             sys.exit(5)

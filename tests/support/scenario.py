@@ -96,6 +96,7 @@ def held_job(location: Any, job_id: str, item_id: str = "a") -> str:
     steps = [Step("send", lost, side_effect=True)]
     with StepJournal(location) as journal:
         with pytest.raises(ConnectionError):
-            run_batch(journal, job_id, [{"id": item_id}], steps)
-        assert [h.item_id for h in run_batch(journal, job_id, [{"id": item_id}], steps).held] == [item_id]
+            run_batch(journal, job_id, [{"id": item_id}], steps, settle_in_task=False)
+        assert [h.item_id for h in run_batch(journal, job_id, [{"id": item_id}], steps,
+                                             settle_in_task=False).held] == [item_id]
         return journal.journal_id
