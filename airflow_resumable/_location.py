@@ -60,6 +60,25 @@ def default_journal_path() -> Path:
     return Path(home) / DEFAULT_RELATIVE_PATH
 
 
+def default_settle_in_task() -> bool:
+    """``[resumable] settle_in_task``: whether batch tasks settle refusals and failed sends in the task
+    (SPEC §12) unless a task says otherwise; true by default."""
+    value = (_conf_get("settle_in_task") or "true").strip().lower()
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise JournalConfigError(f"[resumable] settle_in_task must be true or false, not {value[:40]!r}")
+
+
+def default_max_attempts() -> int:
+    """``[resumable] max_attempts``: sends and look-ups one step of one item gets in a try (default 6)."""
+    value = (_conf_get("max_attempts") or "6").strip()
+    if not value.isdigit() or int(value) < 1:
+        raise JournalConfigError(f"[resumable] max_attempts must be a whole number of at least 1, not {value[:40]!r}")
+    return int(value)
+
+
 def default_allow_network_filesystem() -> bool:
     """``[resumable] allow_network_filesystem``: every surface that opens a SQLite journal (the tasks, the
     CLI, the page) opens one on a network or cloud-sync filesystem when it is true."""

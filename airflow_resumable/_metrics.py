@@ -12,7 +12,8 @@ METRIC_PREFIX = "resumable.steps"
 
 
 def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task_id: str) -> None:
-    """``resumable.steps.{executed,skipped,verified,held}`` counters for one run of a batch.
+    """``resumable.steps.{executed,skipped,verified,held,resent_in_task,settled_in_task,waits,gave_up}``
+    counters for one run of a batch (the last four: settlement in the task, SPEC §12).
 
     Given a :class:`BatchProgress` (a try that failed part way), it reports how far the try got.
 
@@ -25,6 +26,11 @@ def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task
         "skipped": result.skipped_steps,
         "verified": result.verified_steps,
         "held": result.held if isinstance(result, BatchProgress) else len(result.held),
+        # Settlement in the task (SPEC §12).
+        "resent_in_task": result.resent_in_task,
+        "settled_in_task": result.settled_in_task,
+        "waits": result.waits,
+        "gave_up": result.gave_up,
     }
     for name, count in counts.items():
         stats_incr(f"{METRIC_PREFIX}.{name}", count, tags)

@@ -96,6 +96,26 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "True",
                         "default": "False",
                     },
+                    "settle_in_task": {
+                        "description": "Settle a receiver's refusals (HTTP 429) and failed sends in the task: "
+                        "sent again after the wait it asks for, or looked up after a backoff, at the "
+                        "receiver's pace (SPEC section 12). False: the first failing send fails the task, as "
+                        "in 0.2. A batch task's settle_in_task= wins. The waits count against "
+                        "execution_timeout.",
+                        "version_added": "0.3.0",
+                        "type": "boolean",
+                        "example": "False",
+                        "default": "True",
+                    },
+                    "max_attempts": {
+                        "description": "Sends and look-ups one step of one item gets in a try when settling in "
+                        "the task; also the failure rounds in a row after which a try stops (the receiver "
+                        "is down). A batch task's max_attempts= wins.",
+                        "version_added": "0.3.0",
+                        "type": "integer",
+                        "example": "10",
+                        "default": "6",
+                    },
                     "durability": {
                         "description": "full: fsync the IN_FLIGHT mark before every send (power-loss "
                         "safe). normal: WAL + synchronous=NORMAL (survives a killed process, not a "

@@ -6,4 +6,5 @@ from airflow_provider_resumable.example_dags.article_scenario import (  # noqa: 
     article_resumable,
     article_resumable_verify,
     article_review,
+    article_settled,
 )

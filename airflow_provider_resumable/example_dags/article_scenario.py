@@ -5,6 +5,11 @@
 * ``article_rerun_everything``: the same work with no journal: a retry starts again from item 1.
 * ``article_review``: held items go to Airflow's own "Required actions" (``ReviewHeldItemsOperator``),
   then a second pass of the same job resumes.
+* ``article_settled``: the same batch with the defaults: a fault is settled in the try it happens in
+  (SPEC §12), by asking the receiver (its look-up is authoritative: it records before it answers).
+
+The article's DAGs run with ``settle_in_task=False``: a failing send fails the try, as the article's
+experiment (and its table) has it.
 
 The receiver is the Airflow connection ``demo_receiver`` (e.g. ``AIRFLOW_CONN_DEMO_RECEIVER``).
 Simulated waits as in the article: 1.5 ms per local step; the send is a real HTTP call.
@@ -26,6 +31,7 @@ from airflow_resumable.runner import Step, StepContext, idempotency_key
 
 ITEMS = [{"id": f"item-{i:03d}", "amount": i * 100, "to": f"user{i}@example.test"} for i in range(1, 51)]
 receiver = HttpReceiver("demo_receiver", timeout=5)
+settling_receiver = HttpReceiver("demo_receiver", timeout=5, lookup_authoritative=True)
 retry_once = {"retries": 1, "retry_delay": timedelta(seconds=0)}
 START = pendulum.datetime(2026, 1, 1, tz="UTC")
 
@@ -60,12 +66,13 @@ with DAG("article_resumable", schedule=None, start_date=START, catchup=False,
         items=ITEMS,
         steps=[Step("validate", validate), Step("transform", transform),
                Step("notify_external", receiver.notify, side_effect=True)],
+        settle_in_task=False,
     )
 
 with DAG("article_resumable_verify", schedule=None, start_date=START, catchup=False,
          default_args=retry_once, tags=["resumable", "demo"]) as article_resumable_verify:
     ResumableBatchOperator(task_id="send", items=ITEMS, validate=validate, transform=transform,
-                           notify=receiver.notify, verify=receiver.verify)
+                           notify=receiver.notify, verify=receiver.verify, settle_in_task=False)
 
 with DAG("article_rerun_everything", schedule=None, start_date=START, catchup=False,
          default_args=retry_once, tags=["demo"]) as article_rerun_everything:
@@ -75,12 +82,18 @@ with DAG("article_review", schedule=None, start_date=START, catchup=False,
          default_args=retry_once, tags=["resumable", "demo"]) as article_review:
     article_steps = [Step("validate", validate), Step("transform", transform),
                      Step("notify_external", receiver.notify, side_effect=True)]
-    send = ResumableBatchOperator(task_id="send", items=ITEMS, steps=article_steps, on_held="succeed")
+    send = ResumableBatchOperator(task_id="send", items=ITEMS, steps=article_steps, on_held="succeed",
+                                  settle_in_task=False)
     # Who may answer: this DAG's permissions, narrowed further with assigned_users=[{"id": ..., "name": ...}].
     review = ReviewHeldItemsOperator(task_id="review", batch_task_id="send",
                                      subject="Held items of the article's batch")
     second_pass = ResumableBatchOperator(
         task_id="second_pass", items=ITEMS, steps=article_steps,
-        batch_task_id="send",
+        batch_task_id="send", settle_in_task=False,
     )
     send >> review >> second_pass
+
+with DAG("article_settled", schedule=None, start_date=START, catchup=False,
+         default_args={"retries": 0}, tags=["resumable", "demo"]) as article_settled:
+    ResumableBatchOperator(task_id="send", items=ITEMS, validate=validate, transform=transform,
+                           notify=settling_receiver.notify, verify=settling_receiver.verify)

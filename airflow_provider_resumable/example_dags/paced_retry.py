@@ -1,6 +1,9 @@
-"""A batch to a receiver that limits its rate: when it refuses a send for now (HTTP 429 with
-``Retry-After``), the task's next try comes when the receiver asked - not after the task's
-``retry_delay`` - and resumes where this one stopped (Airflow 3.3's task ``retry_policy``).
+"""A batch to a receiver that limits its rate. A try settles the receiver's "not now" itself (HTTP 429:
+sent again after its ``Retry-After``, at its pace); when the receiver keeps refusing past the try's
+attempts, or asks to wait longer than a try waits, the try fails with ``ReceiverUnavailableError``
+carrying the receiver's last ``Retry-After`` - and the next try comes when the receiver asked, not
+after the task's ``retry_delay`` (Airflow 3.3's task ``retry_policy``), and resumes where this one
+stopped.
 
 * ``receiver_paced_retry``: 50 items to the demo receiver (Airflow connection ``demo_receiver``).
 """

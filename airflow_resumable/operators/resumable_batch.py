@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import json
 import os
@@ -26,6 +27,8 @@ from airflow_resumable._location import (
     batch_job,
     default_durability,
     default_job_id,
+    default_max_attempts,
+    default_settle_in_task,
 )
 from airflow_resumable._metrics import emit_batch_metrics
 from airflow_resumable.exceptions import ResumableError
@@ -33,8 +36,18 @@ from airflow_resumable.hooks.journal import ResumableJournalHook
 from airflow_resumable.journal import HeldReason, StepJournal
 from airflow_resumable.journal.backend import checked_durability
 from airflow_resumable.links import ResumableJobLink
-from airflow_resumable.runner import BatchProgress, BatchResult, BatchStopped, Step, StepFn, VerifyFn, run_batch
+from airflow_resumable.runner import (
+    BatchProgress,
+    BatchResult,
+    BatchStopped,
+    Settlement,
+    Step,
+    StepFn,
+    VerifyFn,
+    run_batch,
+)
 from airflow_resumable.runner.drivers import check_concurrency, check_progress_interval
+from airflow_resumable.runner.settle import check_limit_key
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -108,9 +121,23 @@ class ResumableBatchOperator(BaseOperator):
     :param progress_interval: seconds between progress lines in the task log.
     :param concurrency: how many sends may be in flight at once (worker threads; default 1). Their
         IN_FLIGHT marks are committed in groups, one fsync per group. Items may finish out of order.
+    :param settle_in_task: settle a receiver's "not now" in this try (SPEC §12): a refused send (HTTP
+        429, nothing taken) is sent again after the wait the receiver asked for, an unknown outcome (a
+        timeout, a 5xx) is looked up after a backoff, at the receiver's pace; items that run out of
+        attempts are left for the next try and the task then fails with ``ReceiverUnavailableError``
+        (nothing held). ``False``: the first failing send fails the task, as in 0.2 (the article's way).
+        Default ``[resumable] settle_in_task``, else True. The waits count against ``execution_timeout``.
+    :param max_attempts: sends and look-ups one step of one item gets in a try (and the failure rounds
+        in a row that stop it). Default ``[resumable] max_attempts``, else 6.
+    :param max_sends_per_second: the most sends a second of the ``notify`` shorthand (on ``steps=``, set it
+        on each :class:`~airflow_resumable.runner.Step`). Default: learn the rate the receiver accepts.
+    :param limit_key: share ``max_sends_per_second`` with every task naming this key on the same journal
+        (mapped tasks, other DAGs: one limit for the fleet). Templated.
+    :param idempotent: the receiver dedupes ``notify`` by its idempotency key for at least the job's
+        lifetime: an unknown outcome is sent again with the same key instead of looked up or held.
     """
 
-    template_fields: Sequence[str] = ("items", "job_id", "batch_task_id")
+    template_fields: Sequence[str] = ("items", "job_id", "batch_task_id", "limit_key")
     ui_color = "#e8f4ea"
     # The task instance's "Resumable job" button opens its job on the Resumable jobs page.
     operator_extra_links = (ResumableJobLink(),)
@@ -135,6 +162,11 @@ class ResumableBatchOperator(BaseOperator):
         allow_network_filesystem: bool | None = None,
         progress_interval: float = 30.0,
         concurrency: int = 1,
+        settle_in_task: bool | None = None,
+        max_attempts: int | None = None,
+        max_sends_per_second: float | None = None,
+        limit_key: str | None = None,
+        idempotent: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -147,13 +179,32 @@ class ResumableBatchOperator(BaseOperator):
         if steps is None:
             if verify is not None and notify is None:
                 raise ValueError(f"{self.task_id}: verify= needs notify= (it verifies the notify step)")
-            steps = [
-                Step(name, fn, side_effect=(name == "notify"), verify=verify if name == "notify" else None)
-                for name, fn in shorthand.items()
-                if fn is not None
-            ]
+            try:
+                # The limit key joins the step when the task runs (it may be a template); checked here if not.
+                if limit_key is not None and not (isinstance(limit_key, str) and "{{" in limit_key):
+                    check_limit_key(limit_key, "limit_key")
+                if limit_key is not None and max_sends_per_second is None:
+                    raise ValueError("limit_key shares a rate: give max_sends_per_second too")
+                steps = [
+                    Step(name, fn, side_effect=True, verify=verify, idempotent=idempotent,
+                         max_sends_per_second=max_sends_per_second) if name == "notify" else Step(name, fn)
+                    for name, fn in shorthand.items()
+                    if fn is not None
+                ]
+            except ValueError as exc:
+                raise ValueError(f"{self.task_id}: {exc}") from None
             if not steps:
                 raise ValueError(f"{self.task_id}: give steps=[Step(...), ...] or at least notify=")
+        elif max_sends_per_second is not None or limit_key is not None or idempotent:
+            raise ValueError(f"{self.task_id}: with steps=[...], give max_sends_per_second, limit_key and idempotent "
+                             "to each Step(...) that sends")
+        if settle_in_task is not None and not isinstance(settle_in_task, bool):
+            raise ValueError(f"{self.task_id}: settle_in_task must be True or False, not {settle_in_task!r}")
+        if max_attempts is not None:
+            try:
+                Settlement(max_attempts=max_attempts)
+            except ValueError as exc:
+                raise ValueError(f"{self.task_id}: {exc}") from None
         if on_held not in ("fail", "succeed"):
             raise ValueError(f"{self.task_id}: on_held must be 'fail' or 'succeed', not {on_held!r}")
         if durability is not None:
@@ -169,9 +220,28 @@ class ResumableBatchOperator(BaseOperator):
         self.on_held = on_held
         self.start_afresh = start_afresh
         self.allow_network_filesystem = allow_network_filesystem
+        self.settle_in_task = settle_in_task
+        self.max_attempts = max_attempts
+        self.limit_key = limit_key
         try:
             self.concurrency = check_concurrency(concurrency)
             self.progress_interval = check_progress_interval(progress_interval)
+        except ValueError as exc:
+            raise ValueError(f"{self.task_id}: {exc}") from None
+
+    def _settlement(self) -> Settlement | bool:
+        settle = default_settle_in_task() if self.settle_in_task is None else self.settle_in_task
+        if not settle:
+            return False
+        return Settlement(max_attempts=self.max_attempts or default_max_attempts())
+
+    def _steps(self) -> list[Step]:
+        """The steps to run: the notify shorthand's with its limit key as rendered."""
+        if self.limit_key is None:
+            return self.steps
+        try:
+            return [dataclasses.replace(step, limit_key=self.limit_key) if step.name == "notify" and step.side_effect
+                    else step for step in self.steps]
         except ValueError as exc:
             raise ValueError(f"{self.task_id}: {exc}") from None
 
@@ -248,11 +318,11 @@ class ResumableBatchOperator(BaseOperator):
             self._last_progress: BatchProgress | None = None
             try:
                 result = run_batch(
-                    journal, job_id, self._iter_items(context), self.steps, id_field=self.id_field,
+                    journal, job_id, self._iter_items(context), self._steps(), id_field=self.id_field,
                     concurrency=self.concurrency, on_progress=self._log_progress,
                     progress_interval=self.progress_interval,
                     runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
-                    stop=self._stop, dag_id=context["ti"].dag_id,
+                    stop=self._stop, dag_id=context["ti"].dag_id, settle_in_task=self._settlement(),
                 )
             except BatchStopped:
                 asked = self.__dict__.get("_stop_asked_at")
@@ -365,17 +435,26 @@ class ResumableBatchOperator(BaseOperator):
         self._last_progress = progress
         total = f"/{progress.items_total}" if progress.items_total is not None else ""
         rate = progress.items_done / progress.elapsed if progress.elapsed > 0 else 0.0
+        settling = ""
+        if progress.waits or progress.gave_up:
+            settling = (f"; in this try {progress.resent_in_task} re-sent, {progress.settled_in_task} settled by "
+                        f"look-up, {progress.waits} waits, {progress.gave_up} left for the next try")
+        if progress.paused:
+            settling += f"; receiver asked to wait: paused {progress.paused:.1f} s more"
         self.log.info(
-            "Progress: %d%s items done, %d steps executed, %d skipped, %d held, %.0f items/s",
+            "Progress: %d%s items done, %d steps executed, %d skipped, %d held, %.0f items/s%s",
             progress.items_done, total, progress.executed_steps, progress.skipped_steps, progress.held, rate,
+            settling,
         )
 
     def _report(self, result: BatchResult) -> None:
         self.log.info(
             "Job %s %s: %d items (%d completed), %d steps executed (%d re-sent: not delivered per verify), "
-            "%d skipped (%d verified), %d held",
+            "%d skipped (%d verified), %d held; settled in the task: %d re-sent after a refusal, %d unknown "
+            "outcomes settled by look-up, %d waits",
             result.job_id, result.status, result.items_total, result.items_completed, result.executed_steps,
             result.resent_steps, result.skipped_steps, result.verified_steps, len(result.held),
+            result.resent_in_task, result.settled_in_task, result.waits,
         )
         for held in result.held[:HELD_IN_MESSAGE]:
             self.log.warning("HELD %s / %s: %s", held.item_id, held.step, held.reason.value)

@@ -11,55 +11,57 @@ from airflow.sdk import DAG
 from airflow_resumable._compat import airflow_version
 from airflow_resumable.operators.resolve import ResolveOperator
 from airflow_resumable.operators.resumable_batch import ResumableBatchOperator
+from airflow_resumable.receivers.http import HttpReceiver
 from airflow_resumable.sensors.held_items import HeldItemSensor
 
 defaults = {"retries": 1, "retry_delay": timedelta(seconds=0)}
 start = datetime(2026, 1, 1)
 
 with DAG("article_verify", schedule=None, start_date=start, default_args=defaults, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True))
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True), settle_in_task=False)
 
 with DAG("article_concurrent", schedule=None, start_date=start, default_args=defaults, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True), concurrency=8)
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=True), concurrency=8, settle_in_task=False)
 
 # Three retries, but a hold with no verify fails at once: no retry can settle it.
 with DAG("article_hold", schedule=None, start_date=start, default_args={**defaults, "retries": 3}, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False))
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), settle_in_task=False)
 
 with DAG("article_shorthand", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), validate=validate, transform=transform,
-                           notify=notify, verify=verify)
+                           notify=notify, verify=verify, settle_in_task=False)
 
 with DAG("article_sensor", schedule=None, start_date=start, default_args=defaults, catchup=False):
     first = ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
-                                   on_held="succeed")
+                                   on_held="succeed", settle_in_task=False)
     wait = HeldItemSensor(task_id="wait_for_resolution", batch_task_id="send", poke_interval=1,
                           timeout=300)
     second = ResumableBatchOperator(
         task_id="second_pass", items=items(), steps=steps(with_verify=False),
-        batch_task_id="send",
+        batch_task_id="send", settle_in_task=False
     )
     first >> wait >> second
 
 with DAG("article_sensor_verify", schedule=None, start_date=start, default_args=defaults, catchup=False):
     first = ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
-                                   on_held="succeed")
+                                   on_held="succeed", settle_in_task=False)
     first >> HeldItemSensor(task_id="wait_for_receipt", batch_task_id="send", verify=verify,
                             poke_interval=1, timeout=300)
 
 with DAG("article_wrong_worker", schedule=None, start_date=start, default_args=defaults, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False))
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), settle_in_task=False)
 
 with DAG("article_wrong_worker_afresh", schedule=None, start_date=start, default_args=defaults, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), start_afresh=True)
+    ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False), start_afresh=True,
+                           settle_in_task=False)
 
 # Found in hardening: try 1 fails before writing anything; try 2 on the same worker must run.
 with DAG("guard_bad_item_once", schedule=None, start_date=start, default_args=defaults, catchup=False):
-    ResumableBatchOperator(task_id="send", items=items_bad_once, steps=steps(with_verify=False))
+    ResumableBatchOperator(task_id="send", items=items_bad_once, steps=steps(with_verify=False), settle_in_task=False)
 
 with DAG("guard_journal_unopenable_once", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
-                           on_retry_callback=unblock_journal)
+                           on_retry_callback=unblock_journal, settle_in_task=False)
 
 with DAG("article_mapped", schedule=None, start_date=start, default_args=defaults, catchup=False):
     chunks = [items(10, prefix=f"chunk{c}") for c in range(4)]
@@ -68,18 +70,18 @@ with DAG("article_mapped", schedule=None, start_date=start, default_args=default
 # A shared journal on PostgreSQL: the connection comes from the environment (AIRFLOW_CONN_RESUMABLE_JOURNAL).
 with DAG("article_shared", schedule=None, start_date=start, default_args=defaults, catchup=False):
     first = ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
-                                   journal_conn_id="resumable_journal", on_held="succeed")
+                                   journal_conn_id="resumable_journal", on_held="succeed", settle_in_task=False)
     wait = HeldItemSensor(task_id="wait_for_resolution", batch_task_id="send", journal_conn_id="resumable_journal",
                           poke_interval=1, timeout=300)
     second = ResumableBatchOperator(
         task_id="second_pass", items=items(), steps=steps(with_verify=False), journal_conn_id="resumable_journal",
-        batch_task_id="send",
+        batch_task_id="send", settle_in_task=False
     )
     first >> wait >> second
 
 with DAG("article_shared_plain", schedule=None, start_date=start, default_args=defaults, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(), steps=steps(with_verify=False),
-                           journal_conn_id="resumable_journal")
+                           journal_conn_id="resumable_journal", settle_in_task=False)
 
 # Found in hardening: a team's own resolve DAG settles only its DAGs' jobs.
 with DAG("resolve_team_a", schedule=None, start_date=start, catchup=False):
@@ -95,17 +97,25 @@ def slow_notify(item, ctx):
 for _concurrency in (1, 16):
     with DAG(f"stop_c{_concurrency}", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
         ResumableBatchOperator(task_id="send", items=items(300), validate=validate, notify=slow_notify,
-                               concurrency=_concurrency)
+                               concurrency=_concurrency, settle_in_task=False)
 
 
-# A receiver that refuses a send for now (HTTP 429, Retry-After); the next try comes when it asked, not
-# after the task's 30-minute retry_delay (Airflow 3.3's retry_policy; the connection from the environment).
+# A receiver that refuses a send for now (HTTP 429, Retry-After) more often than the try's attempts allow:
+# the try ends with ReceiverUnavailableError, and the next try comes when the receiver asked, not after the
+# task's 30-minute retry_delay (Airflow 3.3's retry_policy; the connection from the environment).
 if airflow_version() >= (3, 3):
-    from airflow_resumable.receivers.http import HttpReceiver
     from airflow_resumable.retry_policy import RetryAfterPolicy
 
     paced = HttpReceiver("paced_receiver", timeout=10)
     with DAG("paced_retry", schedule=None, start_date=start, catchup=False,
              default_args={"retries": 1, "retry_delay": timedelta(minutes=30)}):
         ResumableBatchOperator(task_id="send", items=[{"id": f"item-{n}"} for n in range(1, 6)],
-                               notify=paced.notify, verify=paced.verify, retry_policy=RetryAfterPolicy())
+                               notify=paced.notify, verify=paced.verify, max_attempts=2,
+                               retry_policy=RetryAfterPolicy())
+
+# 300 items through a real rate limit (nginx; the connection ``limited`` from the environment), with the
+# defaults and no retries: settled in the task, the first try delivers them all.
+_limited = HttpReceiver("limited", timeout=30)
+with DAG("paced_limit", schedule=None, start_date=start, catchup=False, default_args={"retries": 0}):
+    ResumableBatchOperator(task_id="send", items=[{"id": f"item-{n:03d}"} for n in range(300)],
+                           notify=_limited.notify, verify=_limited.verify, concurrency=8)

@@ -69,8 +69,9 @@ def test_bad_bounds_are_refused_when_the_dag_is_parsed(kwargs, message):
 
 
 class Paced:
-    """A receiver on 127.0.0.1 that refuses its third POST with a 429 and ``Retry-After: 2``, once, and
-    takes every other one; it records when each POST came and with which key."""
+    """A receiver on 127.0.0.1 that refuses its third and fourth POSTs with a 429 and ``Retry-After: 2`` (the
+    third item's two attempts: the try's ``max_attempts``) and takes every other one; it records when each
+    POST came and with which key."""
 
     def __init__(self) -> None:
         self.posts: list[tuple[float, str, int]] = []  # (when, idempotency key, status answered)
@@ -79,7 +80,7 @@ class Paced:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):  # noqa: N802
                 self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                status = 429 if len(posts) == 2 else 200
+                status = 429 if len(posts) in (2, 3) else 200
                 posts.append((time.monotonic(), self.headers["Idempotency-Key"], status))
                 body = json.dumps({"receipt": f"r-{len(posts)}"} if status == 200 else {"error": "slow down"}).encode()
                 self.send_response(status)
@@ -123,11 +124,14 @@ def test_the_next_try_comes_when_the_receiver_asked_not_after_the_retry_delay(ai
     assert airflow.task_states("paced_retry") == {("send", -1): ("success", 2)}
     log = output(airflow)
     assert "asked to wait 2 s (Retry-After)" in log, log[-4000:]
-    # Five items taken once each; the refused one was sent again with its key, 2 s or more later.
+    assert "ReceiverUnavailableError" in log and "None of them was held" in log, log[-4000:]
+    # Five items taken once each; the refused one was sent again in the try with its key after the 2 s the
+    # receiver asked, refused again (its attempts ran out), and taken in try 2, 2 s or more after that.
     assert sorted(receiver.taken().values()) == [1] * 5
     refused_at, refused_key, _ = receiver.posts[2]
-    (again_at,) = [when for when, key, status in receiver.posts[3:] if key == refused_key]
-    assert again_at - refused_at >= 2
+    again_at, again_key, _ = receiver.posts[3]
+    (taken_at,) = [when for when, key, status in receiver.posts[4:] if key == refused_key and status == 200]
+    assert again_key == refused_key and again_at - refused_at >= 2 and taken_at - again_at >= 2
 
 
 def test_the_example_dag_retries_with_the_policy():

@@ -45,15 +45,16 @@ def steps(with_verify: bool) -> list[Step]:
 
 with DAG("celery_shared", schedule=None, start_date=datetime(2026, 1, 1), catchup=False, default_args=retry_once):
     ResumableBatchOperator(task_id="send", items=items("shared"), steps=steps(True), journal_conn_id="resumable_journal",
-                           progress_interval=1.0)
+                           progress_interval=1.0, settle_in_task=False)
 
 with DAG("celery_local", schedule=None, start_date=datetime(2026, 1, 1), catchup=False, default_args=retry_once):
-    ResumableBatchOperator(task_id="send", items=items("local"), steps=steps(True), progress_interval=1.0)
+    ResumableBatchOperator(task_id="send", items=items("local"), steps=steps(True), progress_interval=1.0,
+                           settle_in_task=False)
 
 with DAG("celery_sensor", schedule=None, start_date=datetime(2026, 1, 1), catchup=False, default_args=retry_once):
     # Try 1 fails at the send whose reply is lost; try 2 holds it (no verify) and succeeds.
     batch = ResumableBatchOperator(task_id="send", items=items("sensor", 20), steps=steps(False),
-                                   journal_conn_id="resumable_journal", on_held="succeed")
+                                   journal_conn_id="resumable_journal", on_held="succeed", settle_in_task=False)
     wait = HeldItemSensor(task_id="wait_for_settled", batch_task_id="send", journal_conn_id="resumable_journal",
                           deferrable=True, poke_interval=2, timeout=600)
     batch >> wait
