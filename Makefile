@@ -55,6 +55,10 @@ MAKE_TEST_ONLY += tests/engines/test_fleet_upgrade.py
 MAKE_TEST_ONLY += tests/airflow_layer/test_airflow_shared_journal.py tests/faces/test_ui_decisions.py
 # - Core findings and Airflow ones in one module (finding 5's two fail on 3.1.8): no cell takes it whole.
 MAKE_TEST_ONLY += tests/engines/test_hardening.py
+# - SPEC §12 at full size: 2,000 items behind a real nginx limit (~20 s a run), four runner processes on a
+#   PostgreSQL journal, a fault proxy, `airflow dags test`: once is enough (the cells run
+#   tests/outside_systems/test_rate_limited_receiver.py and tests/core/test_settlement.py).
+MAKE_TEST_ONLY += tests/outside_systems/test_paced_receiver.py
 # - In no cell so far, for no reason of their own: they pass on Airflow 3.1.8 (the page's code without a
 #   server, its cost in a 200,000-item journal, the HTTP receiver). Candidates for `compat`.
 MAKE_TEST_ONLY += tests/faces/test_jobs_visible.py tests/faces/test_page_errors.py tests/faces/test_ui_paging.py

@@ -3,7 +3,7 @@ free port with a configuration of its own, and stopped after.
 
 ``limit_req`` refuses what comes faster than ``rate`` per second beyond ``burst`` with a 429 and
 ``Retry-After`` (the refused requests never reach the receiver); the access log records every request's
-method, path and status, so a test counts what reached nginx and what it answered.
+method, path, status and time, so a test counts what reached nginx, what it answered and how fast.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ pid {home}/nginx.pid;
 error_log {home}/error.log warn;
 events {{ worker_connections 512; }}
 http {{
-    log_format counted '$request_method $uri $status';
+    log_format counted '$request_method $uri $status $msec';
     access_log {home}/access.log counted;
     client_body_temp_path {home}/body;
     proxy_temp_path {home}/proxy;
@@ -100,8 +100,15 @@ class RateLimiter:
         log = self.home / "access.log"
         if not log.exists():
             return []
+        return [(method, path, status) for method, path, status, _ in self.timed_requests()]
+
+    def timed_requests(self) -> list[tuple[str, str, int, float]]:
+        """Every request nginx got: (method, path, status, epoch seconds when it answered), in order."""
+        log = self.home / "access.log"
+        if not log.exists():
+            return []
         lines = [line.split() for line in log.read_text().splitlines() if line.strip()]
-        return [(method, path, int(status)) for method, path, status in lines]
+        return [(method, path, int(status), float(msec)) for method, path, status, msec in lines]
 
     def stop(self) -> None:
         if self.proc.poll() is None:
