@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency", "journal_cost",
             "peer_postgres", "concurrency_postgres", "journal_cost_postgres", "scaleout_postgres", "journal_size",
-            "journal_size_postgres")
+            "journal_size_postgres", "pace")
 
 # The journal-size sections' sizes (benchmarks.journal_size). jobs_small is above the pages' 100, so
 # both journals fill every page and the ratios are about the journal, not about what a page shows.
@@ -60,6 +60,8 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         # takes the big journal's finished half. --journal-items sets n_big.
         "journal_size": JOURNAL_SIZE,
         "journal_size_postgres": JOURNAL_SIZE,
+        # Behind nginx: 1,500 sends at 100/s (15 s), 6,000 at 1,000/s; settlement on / off, twice each.
+        "pace": {"n100": 1_500, "n1000": 6_000, "n_cost": 3_000, "reps": 2},
     },
     "quick": {
         "article": {"trials": 2},
@@ -75,6 +77,7 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "scaleout_postgres": {"n": 100, "processes": 8, "reps": 1},
         "journal_size": JOURNAL_SIZE_QUICK,
         "journal_size_postgres": JOURNAL_SIZE_QUICK,
+        "pace": {"n100": 200, "n1000": 500, "n_cost": 300, "reps": 1},
     },
 }
 
@@ -122,6 +125,10 @@ def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
         from benchmarks import scaleout
 
         return scaleout.measure(params["n"], processes=params["processes"], reps=params["reps"])
+    if name == "pace":
+        from benchmarks import pace
+
+        return pace.measure(params)
     if name in ("journal_size", "journal_size_postgres"):
         from benchmarks import journal_size
 
@@ -189,7 +196,7 @@ def _print_section(name: str, result: dict[str, Any]) -> None:
         print(f"{name}: ERROR: {result['error']}")
     elif name == "article":
         print(report.article_table(result))
-    elif name.startswith(("journal_size", "journal_cost")):
+    elif name.startswith(("journal_size", "journal_cost", "pace")):
         print(f"{name}: {json.dumps(_rounded(result))}")
     else:
         shown = {k: round(v, 3) if isinstance(v, float) else v for k, v in result.items()}
@@ -249,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     sections: dict[str, Any] = {}
     for name in chosen:
         params = dict(SIZES[mode][name])
-        for key in ("n", "serial_n"):
+        for key in ("n", "serial_n", "n100", "n1000", "n_cost"):
             if args.n is not None and key in params:
                 params[key] = min(params[key], args.n)
         if args.trials is not None and "trials" in params:

@@ -118,7 +118,45 @@ def rows(sections: dict[str, Any]) -> list[Row]:
         out.append(_missing("throughput, 4 ms receiver, concurrency=16 vs 1", "", 0, c))
         out.append(_missing("fsyncs per item at concurrency=16", "<=", 0.25, c))
     out += journal_cost_rows(sections.get("journal_cost"))
-    return out + _postgres_rows(sections) + journal_size_rows(sections)
+    return out + _postgres_rows(sections) + journal_size_rows(sections) + pace_rows(sections.get("pace"))
+
+
+# The pace section's figures (benchmarks.pace) and their targets (SPEC §12).
+PACE_TARGETS = (
+    ("configured_100", "pace: max_sends_per_second=100 behind nginx at 100/s, throughput / limit", 0.95),
+    ("configured_1000", "pace: max_sends_per_second=1000 behind nginx at 1,000/s, throughput / limit", 0.95),
+    ("fleet_100", "pace: 4 processes, one limit key at 100/s (PostgreSQL journal), throughput / limit", 0.95),
+    ("defaults_100", "pace: no rate configured (learned) behind nginx at 100/s, throughput / limit", 0.8),
+)
+
+
+def pace_rows(section: dict[str, Any] | None) -> list[Row]:
+    """Throughput over nginx's limit, the share of POSTs refused, settlement's cost when nothing fails."""
+    out: list[Row] = []
+    for key, figure, limit in PACE_TARGETS:
+        s = (section or {}).get(key)
+        if not s or "ratio" not in s:
+            note = (s or {}).get("not_measurable") or (s or {}).get("skipped")
+            row = _missing(figure, ">=", limit, section)
+            out.append(Row(row.figure, row.ours, row.other, None, row.op, row.limit, row.shown, note or row.note))
+            continue
+        out.append(Row(f"{figure} ({s['through']:,} sends)", f"{s['per_second']:,.1f} sends/s at nginx",
+                       f"limit {s['limit']:,}/s", s["ratio"], ">=", limit, f"{s['ratio']:.2f}"))
+        if key != "defaults_100":
+            out.append(Row(f"{figure.split(', throughput')[0]}: POSTs refused (429)", f"{s['refused']:,}",
+                           f"of {s['refused'] + s['through']:,}", s["refused_share"], "<=", 0.02,
+                           f"{s['refused_share']:.1%}"))
+    cost = (section or {}).get("settlement_cost")
+    figure = "pace: settlement in the task when nothing fails, cost (1 - off / on time)"
+    if cost:
+        out.append(Row(f"{figure} ({section['n_cost']:,} sends)", f"on {cost['on_seconds']:.2f} s",
+                       f"off {cost['off_seconds']:.2f} s", cost["cost"], "<=", 0.02, f"{cost['cost']:.1%}"))
+    else:
+        out.append(_missing(figure, "<=", 0.02, section))
+    if section and "duplicates" in section:
+        dups = section["duplicates"]
+        out.append(Row("duplicate sends in the pace runs", str(dups), "", float(dups), "==", 0.0, str(dups)))
+    return out
 
 
 # The journal-cost sections' settings (concurrency, reply ms) and targets, as benchmarks.journal_cost has them.

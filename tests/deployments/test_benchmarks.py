@@ -316,3 +316,13 @@ def test_a_merged_run_keeps_the_other_sections_and_says_which_run_measured_each(
     again, _ = merged(path, later | {"date": "2026-12-06 09:00 UTC"}, {"concurrency": {"n": 2}})
     assert again["measured"]["journal_cost"]["date"] == later["date"]
     assert again["measured"]["concurrency"]["date"] == "2026-12-06 09:00 UTC"
+
+
+def test_the_pace_section_sends_each_item_once_behind_nginx(quick_results):
+    """Its code path at a tiny size: every run behind nginx completes, nothing is sent twice (no ratio)."""
+    pace = quick_results["sections"]["pace"]
+    assert "error" not in pace and "skipped" not in pace, pace
+    assert pace["duplicates"] == 0
+    assert pace["configured_100"]["through"] == pace["defaults_100"]["through"] == pace["n100"]
+    assert pace["fleet_100"]["through"] == pace["n100"] // 4 * 4
+    assert any(row["figure"].startswith("pace: ") for row in quick_results["targets"])
