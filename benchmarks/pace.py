@@ -90,7 +90,7 @@ def _limited(tmp: Path, name: str, port: int, rate: int) -> RateLimiter:
     return RateLimiter(tmp / name, port, rate=rate, burst=max(10, rate // 10), retry_after=1)
 
 
-def _fleet(limiter_url: str, n: int) -> dict[str, Any]:
+def _fleet(limiter_url: str, n: int, tmp: Path) -> dict[str, Any]:
     """Four runner processes (tests/support/paced_runner.py), one PostgreSQL journal, one limit key at 100/s."""
     if (why := pg.unavailable()) is not None:
         return {"skipped": why}
@@ -98,9 +98,16 @@ def _fleet(limiter_url: str, n: int) -> dict[str, Any]:
         url = server.new_database()
         env = {**os.environ, "PYTHONPATH": str(REPO),
                "AIRFLOW_CONN_LIMITED": json.dumps({"conn_type": "http", "host": limiter_url})}
+        go = tmp / "go"
         runners = [subprocess.Popen([sys.executable, "-m", "tests.support.paced_runner", url, f"fleet/{k}",
-                                     str(k * n), str(n), "100"], cwd=REPO, env=env, stdout=subprocess.PIPE, text=True)
+                                     str(k * n), str(n), "100", str(go)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                                    text=True)
                    for k in range(4)]
+        for runner in runners:  # each imported and connected: they start together
+            assert runner.stdout is not None
+            if runner.stdout.readline().strip() != "READY":
+                raise SystemExit("pace: a fleet runner did not start")
+        go.touch()
         for runner in runners:
             out, _ = runner.communicate(timeout=1800)
             if runner.returncode != 0:
@@ -148,7 +155,7 @@ def measure(params: dict[str, int]) -> dict[str, Any]:
         limiter = _limited(tmp, "fleet", receiver.port, 100)
         try:
             since = time.time()
-            fleet = _fleet(limiter.url, n100 // 4)
+            fleet = _fleet(limiter.url, n100 // 4, tmp)
             out["fleet_100"] = fleet or (_at_nginx(limiter, since) | {"limit": 100, "processes": 4})
             if not fleet:
                 out["fleet_100"]["ratio"] = out["fleet_100"]["per_second"] / 100

@@ -196,3 +196,38 @@ def test_through_airflow_a_batch_behind_the_limit_succeeds_in_its_first_try(airf
     assert (stats["items"], stats["deliveries"], stats["duplicates"]) == (300, 300, 0), stats
     assert sends(limiter)[429] > 0, "the limit was never met: the test proves nothing"
     assert "settled in the task" in output(airflow)
+
+
+def test_a_receiver_down_longer_than_the_attempts_stops_the_try_and_the_next_try_resumes(tmp_path, monkeypatch):
+    """Nothing listens on the receiver's port: each send is refused before a byte is written. The try stops
+    after a bounded number of attempts, says what to do, holds nothing; once the receiver is up, the next
+    try delivers every item once."""
+    from airflow_resumable.exceptions import ReceiverUnavailableError
+    from airflow_resumable.runner import Settlement
+    from tests.support.postgres_server import free_port
+
+    port = free_port()
+    monkeypatch.setenv("AIRFLOW_CONN_DOWN", json.dumps({"conn_type": "http", "host": f"http://127.0.0.1:{port}"}))
+    http = HttpReceiver("down", timeout=5)
+    steps = [Step("notify", http.notify, side_effect=True, verify=http.verify)]
+    settlement = Settlement(max_attempts=3, first_backoff=0.1, max_backoff=0.4)
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        started = time.monotonic()
+        with pytest.raises(ReceiverUnavailableError, match="receiver unavailable: 200 item\\(s\\) waiting") as down:
+            run_batch(journal, "down/job", ITEMS[:200], steps, concurrency=8, settle_in_task=settlement)
+        assert time.monotonic() - started < 60
+        assert (down.value.reason, down.value.items_waiting) == ("receiver_failing", 200)
+        assert "retry of this task resumes them" in str(down.value)
+        assert not journal.held("down/job") and all(r.not_sent for r in journal.rows("down/job"))
+        tried = len(journal.rows("down/job"))  # a round of attempts takes at most concurrency + a quarter more
+        assert tried <= (settlement.max_attempts + 1) * 10, f"{tried} of 200 items tried: a burn-through"
+        server = serve(port, tmp_path / "receiver.sqlite3", dedupe=False)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            result = run_batch(journal, "down/job", ITEMS[:200], steps, concurrency=8)
+            assert (result.status, result.held, result.items_completed) == ("completed", [], 200)
+            stats = receiver_stats(server)
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert (stats["items"], stats["deliveries"], stats["duplicates"]) == (200, 200, 0), stats
