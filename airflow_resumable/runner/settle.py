@@ -14,14 +14,16 @@ A failed send is one of three kinds (:func:`kind_of`):
 
 :class:`Pace` decides when the next send to a receiver may start: at most ``max_sends_per_second``
 when the step names a rate; otherwise it learns the rate the receiver accepts. A first refusal next to
-sends that went through sets the rate to 0.9 of what the receiver took over the last second, and the
-rate then grows about sevenfold a second until the next refusal; from then on a refusal lowers it to
-0.9 of what was taken (at most once a second, never below half), and it grows by 1 % a second while
-sends go through (additive increase, multiplicative decrease, after a slow start). A ``Retry-After``
-pauses every send to that receiver until then; when the pause and the learned rate disagree, the
-pause wins: no send starts before it ends, and the learned rate applies after it. The failure streak
-counts rounds of failures with no success in between: from the second round every send to the
-receiver waits a backoff, and past ``max_attempts`` rounds the run stops.
+sends that went through sets the rate to 0.9 of what the receiver took (over the last second, or since
+the first send if sooner); the rate then grows about sevenfold a second until the next refusal, which
+sets it between what was taken and half the rate reached. From then on a refusal lowers it to 0.9 of
+what was taken (at most once a second, never below half), and it grows by 1 % a second while sends go
+through (additive increase, multiplicative decrease, after a slow start); it does not grow while a
+refusal's lesson is pending. A ``Retry-After`` pauses every send to that receiver until then; when the
+pause and the learned rate disagree, the pause wins: no send starts before it ends, and the learned
+rate applies after it. The failure streak counts rounds of failures with no success in between: from
+the second round every send to the receiver waits a backoff, and past ``max_attempts`` rounds the run
+stops.
 """
 
 from __future__ import annotations
@@ -169,6 +171,7 @@ class Pace:
         self._accepted: deque[float] = deque()
         self._last_decrease = -math.inf
         self.slow_start = True  # until a second refusal: the first guess grows fast
+        self._first_accepted = math.inf
         self._lesson: float | None = None  # when a refusal whose lesson is still to be taken came back
         self._block: list[float] = []  # slots reserved on the shared pace, not yet used
         self.streak = 0  # rounds of failures with no success in between
@@ -227,9 +230,10 @@ class Pace:
         with self.lock:
             self.streak = 0
             if self.adaptive:
+                self._first_accepted = min(self._first_accepted, ended)
                 self._accepted.append(ended)
                 self._learn()
-                if self.learned is not None:
+                if self.learned is not None and self._lesson is None:  # no growth while a refusal is weighed
                     # One send at rate r per 1/r seconds: the rate grows by this share of itself a second.
                     self.learned += self.FIRST_GROWTH if self.slow_start else self.INCREASE
 
@@ -271,12 +275,18 @@ class Pace:
         if self.learned is None and taken < self.MIN_EVIDENCE:
             return
         self._last_decrease = refused_at
-        estimate = max(1.0, self.DECREASE * taken)  # what the receiver took in about a second
+        # What the receiver took in about a second (over the time since the first send, if shorter).
+        window = min(1.0, max(self.LESSON_DELAY, refused_at + self.LESSON_DELAY - self._first_accepted))
+        estimate = max(1.0, self.DECREASE * taken / window)
         if self.learned is None:
             self.learned = estimate  # a first guess: from here it grows fast until the next refusal
+        elif self.slow_start:
+            # It grew past the limit fast: the limit lies between what was taken (a rate still rising) and
+            # half the rate reached.
+            self.learned = max(estimate, (estimate + 0.5 * self.learned) / 2)
+            self.slow_start = False
         else:
             self.learned = max(0.5 * self.learned, min(self.DECREASE * self.learned, estimate))
-            self.slow_start = False
 
     def _pause_until(self, moment: float) -> None:
         if moment > self.paused_until:
