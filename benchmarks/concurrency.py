@@ -134,7 +134,8 @@ class _Client:
         self._all: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
 
-    def send(self, item: Mapping[str, Any], ctx: StepContext) -> str:
+    def post(self, ctx: StepContext) -> tuple[http.client.HTTPResponse, bytes]:
+        """POST the step's key on this thread's connection; the answer and its body."""
         conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
         if conn is None:
             conn = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
@@ -143,7 +144,10 @@ class _Client:
         conn.request("POST", "/notify", body=json.dumps({"id": ctx.item_id}),
                      headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json"})
         response = conn.getresponse()
-        body = response.read()
+        return response, response.read()
+
+    def send(self, item: Mapping[str, Any], ctx: StepContext) -> str:
+        response, body = self.post(ctx)
         if response.status != 200:
             raise RuntimeError(f"receiver answered {response.status}")
         return json.loads(body)["receipt"]  # type: ignore[no-any-return]

@@ -16,7 +16,6 @@ Figures, each measured at nginx (its access log: the POSTs it let through, and w
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import subprocess
@@ -42,15 +41,7 @@ class _LimitedClient(_Client):
     """A send through nginx: a 429 is the receiver's refusal (with its Retry-After), as HttpReceiver has it."""
 
     def send(self, item: Mapping[str, Any], ctx: StepContext) -> str:
-        conn: http.client.HTTPConnection | None = getattr(self._local, "conn", None)
-        if conn is None:
-            conn = self._local.conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-            with self._lock:
-                self._all.append(conn)
-        conn.request("POST", "/notify", body=json.dumps({"id": ctx.item_id}),
-                     headers={"Idempotency-Key": ctx.idempotency_key, "Content-Type": "application/json"})
-        response = conn.getresponse()
-        body = response.read()
+        response, body = self.post(ctx)
         if response.status == 429:
             after = response.getheader("Retry-After")
             raise ReceiverRefused(429, retry_after=float(after) if after and after.isdigit() else None)
