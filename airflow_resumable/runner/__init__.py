@@ -171,8 +171,8 @@ def run_batch(
                 # How far this run got, for the task log and metrics; the original error still wins.
                 try:
                     on_progress(progress())
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("on_progress raised %s while the batch was failing", type(exc).__name__)
+                except Exception as progress_error:  # noqa: BLE001
+                    log.warning("on_progress raised %s while the batch was failing", type(progress_error).__name__)
             if isinstance(exc, _ReceiverGaveUp):
                 raise _unavailable(exc, result, items_total, settlement or Settlement()) from None
             raise

@@ -345,3 +345,14 @@ def test_a_runner_killed_during_a_wait_is_resumed_by_the_next_try_exactly_once(j
         # A refused send is sent again unasked; a lost reply is looked up and found.
         assert result.verified_steps == (1 if mode == "lost" else 0)
     assert receiver.duplicates("settle/job") == 0 and len(receiver.counts("settle/job")) == 20
+
+
+def test_a_progress_callback_failing_on_the_way_out_does_not_hide_why_the_run_stopped(tmp_path):
+    def progress(_):
+        raise RuntimeError("the task log is gone")
+
+    receiver = Receiver({"item-02": ["refuse"]}, retry_after=3600)
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(ReceiverUnavailableError, match="asked to wait 3600 s"):
+            run_batch(journal, "job", ITEMS, notify(receiver), settle_in_task=QUICK, on_progress=progress,
+                      progress_interval=3600)
