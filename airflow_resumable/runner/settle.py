@@ -35,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from airflow_resumable.exceptions import InvalidStepOutputError, NotSentError, OutcomeUnknownError
 
@@ -129,15 +130,17 @@ def check_limit_key(value: object, where: str) -> str | None:
     return value
 
 
-class SharedPace:
-    """A pace kept with other runs through the journal: reserves blocks of send slots and reads pauses."""
+class SharedPace(Protocol):
+    """A pace kept with other runs through the journal (:class:`~airflow_resumable.journal.pace.JournalPace`):
+    reserves blocks of send slots and pauses every run's sends."""
 
-    def reserve(self, count: int, interval: float) -> float:  # pragma: no cover - protocol
+    def reserve(self, count: int, interval: float) -> float:
         """Reserve ``count`` slots ``interval`` apart; the seconds from now until the first."""
-        raise NotImplementedError
+        ...
 
-    def pause(self, seconds: float) -> None:  # pragma: no cover - protocol
-        raise NotImplementedError
+    def pause(self, seconds: float) -> None:
+        """No run sends under this key for ``seconds`` from now."""
+        ...
 
 
 class Pace:
