@@ -275,6 +275,39 @@ def test_a_refusal_sends_nothing_and_a_permanent_one_fails_without_retrying(mail
     assert not {mid for mid in found if job_id in mid or idempotency_key(job_id + "later", "item-001", STEP) in mid}
 
 
+def test_in_the_task_a_451_is_sent_again_after_a_backoff_and_a_550_fails_at_once(mail_servers, connections,
+                                                                                    tmp_path):
+    """Settled in the task (the default): a 451 to RCPT is the server's "not now" before the message was
+    taken, sent again after a backoff until its attempts run out - then left for the next try, not held -
+    while the other items go on; a 550 is permanent and fails the run at once."""
+    from airflow_resumable.exceptions import ReceiverUnavailableError
+    from airflow_resumable.receivers.smtp import MailRejected
+    from airflow_resumable.runner import Settlement
+
+    mail = receiver()
+    steps = [Step(STEP, mail.notify, side_effect=True, verify=mail.verify)]
+    settlement = Settlement(max_attempts=3, first_backoff=0.05, max_backoff=0.1)
+    job_id = f"mail-{uuid.uuid4().hex[:8]}"
+    batch = [{"id": "item-001", "to": "later@example.test", "amount": 1},
+             *({"id": f"item-00{n}", "to": f"user{n}@example.test", "amount": n} for n in (2, 3))]
+    with StepJournal(tmp_path / "journal.sqlite3") as journal:
+        with pytest.raises(ReceiverUnavailableError, match="1 item\\(s\\) waiting") as waiting:
+            run_batch(journal, job_id, batch, steps, settle_in_task=settlement)
+        assert waiting.value.reason == "attempts_exhausted"
+        rows = {row.item_id: row for row in journal.rows(job_id)}
+        assert (rows["item-001"].status, rows["item-001"].not_sent, rows["item-001"].held_reason) == \
+            (Status.FAILED, True, None)
+        assert rows["item-001"].attempts == settlement.max_attempts
+        assert {rows[i].status for i in ("item-002", "item-003")} == {Status.SUCCEEDED}
+        rejected = [{"id": "item-004", "to": "reject@example.test", "amount": 4}]
+        with pytest.raises(MailRejected):
+            run_batch(journal, job_id + "-reject", rejected, steps, settle_in_task=settlement)
+        (row,) = journal.rows(job_id + "-reject")
+        assert (row.attempts, row.error_type) == (1, "MailRejected")  # never sent again in the task
+    inbox = mail_servers.message_ids("INBOX")
+    assert [inbox.get(message_id(job_id, i)) for i in ("item-002", "item-003")] == [1, 1]
+
+
 # ------------------------------------------------------------------------- SIGKILL at each point
 
 
