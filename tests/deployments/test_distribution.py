@@ -137,7 +137,7 @@ def test_installed_wheel_lists_as_a_provider_and_runs_the_article_dag(dist, tmp_
     dags = {d["dag_id"]: d["fileloc"] for d in json.loads(_json_line(listed.stdout))}
     assert set(dags) == {"resolve_held_item", "article_resumable", "article_resumable_verify",
                          "article_rerun_everything", "article_review", "article_email",
-                         "article_email_rerun_everything", "receiver_paced_retry"}, listed.stdout
+                         "article_email_rerun_everything", "receiver_paced_retry", "article_settled"}, listed.stdout
     assert all(path.startswith(examples) for path in dags.values()), dags
 
     receiver = subprocess.Popen(
