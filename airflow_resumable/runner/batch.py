@@ -356,13 +356,6 @@ class _Batch:
         self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=False, output=encoded, receipt=None)
         return encoded
 
-    def record_send(self, send: _Send, outcome: _Outcome) -> str:
-        """Record a finished send; raise its error (after recording FAILED) if it had one. Without
-        settlement in the task: every failed send stops the run."""
-        done = self.after_send(send, outcome)
-        assert isinstance(done, _Done)
-        return done.encoded
-
     def after_send(self, send: _Send, outcome: _Outcome) -> _Done | _Wait | object:
         """Record a finished send and say what follows: the item goes on (:class:`_Done`), the send is
         made again or looked up after a wait (:class:`_Wait`), or the item stops here (``_ITEM_STOPS``:
