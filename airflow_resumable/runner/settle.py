@@ -244,14 +244,17 @@ class Pace:
                settlement: Settlement) -> int:
         """A send (or look-up) to this receiver failed; returns the failure streak (rounds in a row)."""
         with self.lock:
-            if started >= self._round_started:  # a failure of a send that began after the last round's
+            # A new round is a failure of a send that started after the last round was recorded here: sends
+            # already on their way then (a busy runner records failures late) could not wait for it.
+            now = self.clock()
+            if started >= self._round_started:
                 self.streak += 1
-                self._round_started = ended
+                self._round_started = now
             if retry_after is not None:
                 self.last_retry_after = retry_after
                 self._pause_until(ended + retry_after)
             elif self.streak >= 2:  # the receiver keeps failing: every send to it waits, not just this one
-                self._pause_until(ended + settlement.backoff(self.streak - 1))
+                self._pause_until(max(ended, now) + settlement.backoff(self.streak - 1))
             if (refused and self.adaptive and self._lesson is None
                     and ended - self._last_decrease >= self.LESSON_EVERY):
                 # The sends that went through beside it are told of a little later (a refusal comes back

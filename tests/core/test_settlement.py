@@ -356,3 +356,22 @@ def test_a_progress_callback_failing_on_the_way_out_does_not_hide_why_the_run_st
         with pytest.raises(ReceiverUnavailableError, match="asked to wait 3600 s"):
             run_batch(journal, "job", ITEMS, notify(receiver), settle_in_task=QUICK, on_progress=progress,
                       progress_interval=3600)
+
+
+def test_failures_recorded_late_make_one_round_not_many():
+    """A busy runner records failures after the fact: sends that were already on their way when the
+    last failure was recorded could not wait for it, so they do not count as rounds of their own."""
+    from airflow_resumable.runner.settle import Pace
+
+    now = [10.0]
+    pace = Pace(None, adaptive=False, clock=lambda: now[0])
+    settlement = Settlement(max_attempts=3, first_backoff=0.05)
+    # Ten sends one after the other, each refused; the runner records them all at 10.0, after the last.
+    streaks = [pace.failed(9.0 + n * 0.05, 9.01 + n * 0.05, refused=True, retry_after=None, settlement=settlement)
+               for n in range(10)]
+    assert streaks == [1] * 10
+    now[0] = 10.5
+    assert pace.failed(10.2, 10.3, refused=True, retry_after=None, settlement=settlement) == 2
+    assert pace.paused() > 0, "from the second round every send waits"
+    pace.went_through(10.6)
+    assert pace.failed(10.7, 10.8, refused=True, retry_after=None, settlement=settlement) == 1
