@@ -249,6 +249,14 @@ def check_concurrent_kill(s: Setup, context: str, boundary: str) -> None:
 # ------------------------------------------------------------------------------- random kills
 
 
+def wait_for_deliveries(s: Setup, child: ChildRun, count: int, timeout: float = 20.0) -> None:
+    """Until the receiver has ``count`` of the job's items (or the child ended, or ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while (count and child.proc.poll() is None and time.monotonic() < deadline
+           and len(s.receiver.counts(JOB)) < count):
+        time.sleep(0.001)
+
+
 @pytest.mark.parametrize("concurrency", CONCURRENCY)
 def test_sigkill_at_random_moments(tmp_path, concurrency, new_journal):
     seed = int(os.environ.get("CRASH_MATRIX_SEED", random.SystemRandom().randrange(2**32)))
@@ -259,18 +267,21 @@ def test_sigkill_at_random_moments(tmp_path, concurrency, new_journal):
     log: list[str] = []
     trial = 0
     # At least RANDOM_TRIALS trials; a few more (up to twice as many) if the kills so far have not
-    # yet caught a send on both sides of the receiver's accept.
-    while trial < RANDOM_TRIALS or (min(windows.values()) == 0 and trial < 2 * RANDOM_TRIALS):
+    # yet caught a send on both sides of the receiver's accept, or landed mid-batch often enough.
+    while trial < RANDOM_TRIALS or (
+        (min(windows.values()) == 0 or landed_mid_batch < RANDOM_TRIALS // 2) and trial < 2 * RANDOM_TRIALS
+    ):
         durability = ("full", "normal")[trial % 2]
         s = Setup(tmp_path / f"trial-{trial:02d}", durability, concurrency, new_journal)
         seen_in_flight: set[str] = set()
         for kill_no in range(rng.randint(1, 2)):  # sometimes the resumed run is killed as well
             context = f"seed {seed} trial {trial} kill {kill_no} ({durability}, concurrency {concurrency})"
-            # A concurrent run finishes sooner, and sends nothing until its first group is ready:
-            # aim the kills at the window where its sends are in flight.
-            delay = rng.uniform(0.0, 0.3) if concurrency == 1 else rng.uniform(0.04, 0.2)
+            # Aimed by the receiver's count, not by the clock (a loaded machine runs the child at any
+            # speed): after a random number of deliveries, a random few milliseconds more.
+            after, delay = rng.randint(0, N_ITEMS - 2), rng.uniform(0.0, 0.012)  # ~ one item's steps
             child = s.child(step_ms=(1.0, 3.0))
             child.wait_ready()
+            wait_for_deliveries(s, child, after)
             time.sleep(delay)
             killed = child.kill()
             counts = check_safe_after_kill(s, context)
@@ -278,7 +289,7 @@ def test_sigkill_at_random_moments(tmp_path, concurrency, new_journal):
             seen_in_flight.update(caught)  # a held send stays IN_FLIGHT: count each one once
             for accepted in caught.values():
                 windows["after_accept" if accepted else "before_accept"] += 1
-            log.append(f"{context}: {delay * 1000:.0f} ms, killed={killed}, delivered={len(counts)}, "
+            log.append(f"{context}: after {after} + {delay * 1000:.1f} ms, killed={killed}, delivered={len(counts)}, "
                        f"in flight {caught}")
             if kill_no == 0 and killed and 0 < len(counts) < N_ITEMS:
                 landed_mid_batch += 1
