@@ -48,11 +48,19 @@ def _is_storable(value: str) -> bool:
 
 
 def _item_id(item: object, id_field: str, position: int) -> str:
-    if not isinstance(item, Mapping):
+    # A dict is taken without asking the Mapping ABC: that question was the dearest part of an item
+    # whose steps are all done (a resumed job reads every item again).
+    if type(item) is not dict and not isinstance(item, Mapping):
         raise InvalidItemError(f"item at position {position} is a {type(item).__name__}, not a mapping")
     if id_field not in item:
         raise InvalidItemError(f"item at position {position} has no {id_field!r} field")
     raw = item[id_field]
+    if type(raw) is int:  # digits: always text both engines store, never empty
+        item_id = str(raw)
+        if len(item_id) > MAX_ID_LENGTH:
+            raise InvalidItemError(f"item at position {position}: {id_field!r} is {len(item_id)} characters "
+                                   f"(at most {MAX_ID_LENGTH})")
+        return item_id
     # bool is an int subclass, but True as an id is a bug, not an id.
     if isinstance(raw, bool) or not isinstance(raw, (str, int)):
         raise InvalidItemError(
@@ -62,7 +70,7 @@ def _item_id(item: object, id_field: str, position: int) -> str:
     item_id = str(raw)
     if not item_id.strip():
         raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
-    if not _is_storable(item_id):
+    if not (item_id.isascii() and "\x00" not in item_id) and not _is_storable(item_id):
         raise InvalidItemError(
             f"item at position {position}: {id_field!r} contains a NUL character or a lone surrogate; ids "
             "must be valid Unicode text"
@@ -123,6 +131,8 @@ def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRu
 
 
 def _encode_output(value: Any, item_id: str, step: str) -> str:
+    if value is None:  # what most local steps return: no encoder needed
+        return "null"
     try:
         text = _COMPACT.encode(value)
         size = len(text.encode("utf-8"))  # UnicodeEncodeError (a ValueError): a lone surrogate
