@@ -28,7 +28,7 @@ from benchmarks import report
 
 REPO = Path(__file__).resolve().parents[1]
 
-SECTIONS = ("article", "overhead_normal", "overhead_full", "memory", "peer", "concurrency", "journal_cost",
+SECTIONS = ("article", "first_run", "overhead_normal", "overhead_full", "memory", "peer", "concurrency", "journal_cost",
             "peer_postgres", "concurrency_postgres", "journal_cost_postgres", "scaleout_postgres", "journal_size",
             "journal_size_postgres", "pace")
 
@@ -43,6 +43,8 @@ JOURNAL_SIZE_QUICK = {"n_big": 100_000, "jobs_big": 30, "n_small": 10_000, "jobs
 SIZES: dict[str, dict[str, dict[str, int]]] = {
     "full": {
         "article": {"trials": 5},
+        # This code's first run against main of 2026-12-04's, each side 5 times in processes of its own.
+        "first_run": {"n": 20_000, "reps": 5},
         # Baseline FULL makes 6 fsync'd commits per item: 5,000 items x 2 repetitions is plenty.
         "overhead_normal": {"n": 100_000, "reps": 1, "resumes": 2},
         "overhead_full": {"n": 5_000, "reps": 2, "resumes": 0},
@@ -65,6 +67,7 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
     },
     "quick": {
         "article": {"trials": 2},
+        "first_run": {"n": 2_000, "reps": 1},
         "overhead_normal": {"n": 5_000, "reps": 1, "resumes": 2},
         "overhead_full": {"n": 500, "reps": 2, "resumes": 0},
         "memory": {"n": 20_000},
@@ -90,6 +93,10 @@ def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
         from benchmarks import article_experiment
 
         return article_experiment.run(trials=params["trials"])
+    if name == "first_run":
+        from benchmarks import first_run
+
+        return first_run.measure(params["n"], params["reps"])
     if name.startswith("overhead_"):
         from benchmarks import core
 
@@ -280,7 +287,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.quick or (args.only and not args.merge) or args.no_readme):
         report.update_readme(REPO / "README.md", report.markdown(rows, meta, sections.get("article")))
         print("README.md: Performance table updated")
-    # A FAIL is a finding, not a crash; a section that could not run at all is.
+    # A FAIL is a finding, not a crash; a section that could not run at all is. So is a first run that got
+    # dearer than its target allows, measured at full size: the regression guard.
+    guarded = [row for row in rows if row.figure.startswith(report.GUARDED) and row.result == "FAIL"]
+    if guarded and mode == "full" and args.n is None:
+        print(f"\nregression: {guarded[0].figure} is {guarded[0].shown}, past its target {guarded[0].target}")
+        return 1
     return 1 if any("error" in result for result in sections.values()) else 0
 
 

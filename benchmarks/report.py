@@ -52,6 +52,10 @@ def _us(value: float) -> str:
     return f"{value:,.1f} µs" if value < 1000 else f"{value / 1000:,.2f} ms"
 
 
+# The figures `make bench` fails on when they are past their targets: a first run that got dearer.
+GUARDED = ("journal cost per item, NORMAL", "first run per item, NORMAL")
+
+
 def rows(sections: dict[str, Any]) -> list[Row]:
     out: list[Row] = []
     article = sections.get("article")
@@ -74,7 +78,15 @@ def rows(sections: dict[str, Any]) -> list[Row]:
                 f"{m['resumed_ms_median']:.1f} ms", f"floor {m['floor_ms']:.1f} ms",
                 ratio, "<=", 1.10, "n/a" if ratio is None else f"{ratio:.3f}",
             ))
-    for durability, limit in (("normal", 0.35), ("full", 0.25)):
+    f = sections.get("first_run")
+    figure = "first run per item, NORMAL, concurrency 1: this code vs main of 2026-12-04"
+    if f and "ratio" in f:
+        out.append(Row(f"{figure} (N={f['n']:,})", _us(f["us_per_item"]),
+                       f"{f['reference']} {_us(f['reference_us_per_item'])}", f["ratio"], "<=", 1.0,
+                       f"{f['ratio']:.3f}"))
+    else:
+        out.append(_missing(figure, "<=", 1.0, f))
+    for durability, limit in (("normal", 0.45), ("full", 0.25)):
         o = sections.get(f"overhead_{durability}")
         figure = f"journal cost per item, {durability.upper()}"
         if o and "ratio" in o:

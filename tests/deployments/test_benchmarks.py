@@ -76,6 +76,9 @@ def test_every_section_reports_a_figure_or_says_why_not(quick_results):
         assert sections["concurrency"]["runs"]["16"]["duplicate_sends"] == 0
     else:
         assert "concurrency: not available in this build" in quick_results["stdout"]
+    first = sections["first_run"]  # both sides ran, each from its own code (the section checks where from)
+    assert ("ratio" in first and first["n"] == 200 and len(first["reference_runs_us"]) == 1) or (
+        "no git history" in first["skipped"])
     results = {t["figure"].split(" (")[0]: t["result"] for t in quick_results["targets"]}
     assert set(results.values()) <= {"PASS", "FAIL", "SKIP", "INFO"}
     assert all(line.startswith("[") for line in report.text_table(report.rows(sections)).splitlines())
@@ -327,3 +330,17 @@ def test_the_pace_section_sends_each_item_once_behind_nginx(quick_results):
     assert pace["configured_100"]["through"] == pace["defaults_100"]["through"] == pace["n100"]
     assert pace["fleet_100"]["through"] == pace["n100"] // 4 * 4
     assert any(row["figure"].startswith("pace: ") for row in quick_results["targets"])
+
+
+@pytest.mark.parametrize("ratio, code", [(1.6, 1), (0.9, 0)])
+def test_make_bench_fails_when_the_first_run_got_dearer_than_its_target(monkeypatch, tmp_path, capsys, ratio, code):
+    """The regression guard: a full-size run whose first-run figure is past its target exits 1, naming it."""
+    from benchmarks import __main__ as bench
+
+    measured = {"n": 20_000, "reps": 5, "reference": "6d45386", "reference_date": "2026-12-04",
+                "us_per_item": 300.0 * ratio, "reference_us_per_item": 300.0, "ratio": ratio,
+                "runs_us": [300.0 * ratio], "reference_runs_us": [300.0]}
+    monkeypatch.setattr(bench, "_in_child", lambda name, params: measured)
+    assert bench.main(["--only", "first_run", "--json", str(tmp_path / "r.json"), "--no-readme"]) == code
+    out = capsys.readouterr().out
+    assert ("regression: first run per item, NORMAL" in out) == (code == 1)
