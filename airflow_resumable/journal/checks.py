@@ -53,6 +53,8 @@ def text_problem(value: str) -> str | None:
     """
     if "\x00" in value:
         return "contains a NUL character; remove it"
+    if value.isascii():  # no surrogate, and it costs no encoding (every resumed item's id comes here)
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

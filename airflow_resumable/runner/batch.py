@@ -57,24 +57,21 @@ def _item_id(item: object, id_field: str, position: int) -> str:
     raw = item[id_field]
     if type(raw) is int:  # digits: always text both engines store, never empty
         item_id = str(raw)
-        if len(item_id) > MAX_ID_LENGTH:
-            raise InvalidItemError(f"item at position {position}: {id_field!r} is {len(item_id)} characters "
-                                   f"(at most {MAX_ID_LENGTH})")
-        return item_id
-    # bool is an int subclass, but True as an id is a bug, not an id.
-    if isinstance(raw, bool) or not isinstance(raw, (str, int)):
-        raise InvalidItemError(
-            f"item at position {position}: {id_field!r} must be a string or an integer, "
-            f"not {type(raw).__name__}"
-        )
-    item_id = str(raw)
-    if not item_id.strip():
-        raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
-    if not (item_id.isascii() and "\x00" not in item_id) and not _is_storable(item_id):
-        raise InvalidItemError(
-            f"item at position {position}: {id_field!r} contains a NUL character or a lone surrogate; ids "
-            "must be valid Unicode text"
-        )
+    else:
+        # bool is an int subclass, but True as an id is a bug, not an id.
+        if isinstance(raw, bool) or not isinstance(raw, (str, int)):
+            raise InvalidItemError(
+                f"item at position {position}: {id_field!r} must be a string or an integer, "
+                f"not {type(raw).__name__}"
+            )
+        item_id = str(raw)
+        if not item_id.strip():
+            raise InvalidItemError(f"item at position {position} has an empty {id_field!r}")
+        if not _is_storable(item_id):
+            raise InvalidItemError(
+                f"item at position {position}: {id_field!r} contains a NUL character or a lone surrogate; ids "
+                "must be valid Unicode text"
+            )
     if len(item_id) > MAX_ID_LENGTH:
         raise InvalidItemError(
             f"item at position {position}: {id_field!r} is {len(item_id)} characters (at most {MAX_ID_LENGTH})"
