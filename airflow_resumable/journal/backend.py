@@ -64,7 +64,9 @@ def claim_after_brief_holders(engine: JournalBackend, job_id: str, *, runner: st
 class Tx(Protocol):
     """One open transaction (or, for :meth:`~JournalBackend._scratch`, the run's scratch space)."""
 
-    max_params: int  # bound parameters one statement may carry
+    @property
+    def max_params(self) -> int:
+        """Bound parameters one statement may carry."""
 
     def one(self, sql: str, params: Sequence[Any] = ()) -> tuple[Any, ...] | None: ...
 

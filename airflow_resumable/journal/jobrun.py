@@ -23,6 +23,11 @@ MAX_COVERING_SETS = 500
 Record = tuple[str, tuple[Any, ...]]
 
 
+# A text as a JSON string (ensure_ascii off: json.dumps(text, ensure_ascii=False)).
+_json_text = json.encoder.encode_basestring
+# A status as the journal writes it (an enum member's .value is a slow property).
+_STATUS_TEXT = {status: status.value for status in Status}
+
 # Records about the job itself, not its steps: writing only these leaves the job's finished state alone.
 _JOB_ONLY = (sql.TOUCH_JOB, sql.JOB_FINISHED)
 
@@ -85,6 +90,7 @@ class JobRun:
         self._flush_failed = False
         # The jobs row is written with the first flushed record, so a run refused before it
         # touched anything (bad input) leaves the journal exactly as it was.
+        self._receipt_prefix = f"[{_json_text(job_id)},"
         self._runner = runner
         self._flushed = False
         self._unfinished_marked = False
@@ -192,7 +198,7 @@ class JobRun:
     ) -> Record:
         now = time.time()
         return sql.UPSERT, (
-            self.job_id, item_id, step, int(side_effect), status.value, digest, receipt, output,
+            self.job_id, item_id, step, int(side_effect), _STATUS_TEXT[status], digest, receipt, output,
             error_type, attempts, now, now, int(not_sent),
         )
 
@@ -219,9 +225,12 @@ class JobRun:
             if self._receipts is None:
                 self._receipts_uncommitted = True
             else:
-                line = json.dumps([self.job_id, item_id, step, digest, output, receipt, time.time()],
-                                  ensure_ascii=False, separators=(",", ":"))
-                self._receipts_unwritten.append(line.encode("utf-8") + b"\n")
+                # json.dumps([job_id, item_id, step, digest, output, receipt, time]) without ensure_ascii,
+                # the job's part encoded once per run.
+                line = (f"{self._receipt_prefix}{_json_text(item_id)},{_json_text(step)},{_json_text(digest)},"
+                        f"{_json_text(output)},{'null' if receipt is None else _json_text(receipt)},"
+                        f"{time.time()!r}]\n")
+                self._receipts_unwritten.append(line.encode("utf-8"))
         self._maybe_flush()
 
     def write_receipts(self) -> None:
@@ -334,11 +343,11 @@ class JobRun:
     def _commit(self, pending: list[Record], durable: bool) -> None:
         # Consecutive records of one kind go in one statement (upserts) or one executemany.
         statements: list[Statement] = []
-        start = 0
-        while start < len(pending):
+        start, count = 0, len(pending)
+        while start < count:
             statement = pending[start][0]
-            end = start
-            while end < len(pending) and pending[end][0] == statement:
+            end = start + 1
+            while end < count and pending[end][0] is statement:
                 end += 1
             rows = [params for _, params in pending[start:end]]
             if statement is sql.UPSERT:

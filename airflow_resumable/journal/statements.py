@@ -8,6 +8,7 @@ both engines, so the records and the comparisons are the same code.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -78,6 +79,7 @@ UPSERT_JSON_SYNCHRONOUS = _UPSERT_JSON.format(
 )
 
 
+@functools.lru_cache(maxsize=64)  # the text of the few row counts a run uses
 def upsert_rows(count: int) -> str:
     """One statement that upserts ``count`` rows (one round trip, one parse)."""
     return f"INSERT INTO steps ({STEP_COLUMNS}) VALUES {','.join([UPSERT_ROW] * count)}{UPSERT_CONFLICT}"

@@ -130,9 +130,12 @@ def _prepare(chunk: list[object], id_field: str, first_position: int, run: JobRu
 def _encode_output(value: Any, item_id: str, step: str) -> str:
     if value is None:  # what most local steps return: no encoder needed
         return "null"
+    if value is True or value is False:
+        return "true" if value else "false"
     try:
         text = _COMPACT.encode(value)
-        size = len(text.encode("utf-8"))  # UnicodeEncodeError (a ValueError): a lone surrogate
+        # ASCII text is its own UTF-8; other text is encoded (UnicodeEncodeError, a ValueError: a lone surrogate).
+        size = len(text) if text.isascii() else len(text.encode("utf-8"))
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidStepOutputError(
             f"step {step!r} of item {item_id!r} returned a value that is not JSON ({type(exc).__name__}); "
