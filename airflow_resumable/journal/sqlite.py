@@ -461,7 +461,9 @@ class SqliteBackend(EngineBase):
 
     def _sync_wal(self) -> None:
         # fsync works on the file, not on the descriptor: syncing our own descriptor of the -wal
-        # file makes every frame SQLite wrote to it so far durable.
+        # file makes every frame SQLite wrote to it so far durable. fdatasync where there is one, as
+        # SQLite's own synchronous=FULL does: the frames and the file's size, without its times (a WAL
+        # reused from its start after a checkpoint keeps its size, so most syncs write no inode).
         try:
             if self._wal_fd is None:
                 self._wal_fd = os.open(str(self.path) + "-wal", os.O_RDONLY)
@@ -471,7 +473,7 @@ class SqliteBackend(EngineBase):
                     os.fsync(dir_fd)
                 finally:
                     os.close(dir_fd)
-            os.fsync(self._wal_fd)
+            getattr(os, "fdatasync", os.fsync)(self._wal_fd)  # macOS has no fdatasync
         except OSError as exc:
             if _is_enospc(exc):
                 raise self._disk_full("ENOSPC on fsync") from None

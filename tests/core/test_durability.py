@@ -15,15 +15,17 @@ pytestmark = pytest.mark.core
 
 
 def _spy_fsync(monkeypatch):
-    """Wrap the real os.fsync and note which file each call synced."""
+    """Wrap the real os.fsync and os.fdatasync and note which file each call synced."""
     calls: list[str] = []
-    real = os.fsync
 
-    def spying(fd: int) -> None:
-        real(fd)
-        calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+    def spy(real):
+        def spying(fd: int) -> None:
+            real(fd)
+            calls.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return spying
 
-    monkeypatch.setattr(os, "fsync", spying)
+    for name in ("fsync", "fdatasync"):
+        monkeypatch.setattr(os, name, spy(getattr(os, name)))
     return calls
 
 
