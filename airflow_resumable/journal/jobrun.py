@@ -88,9 +88,9 @@ class JobRun:
         self._receipts_uncommitted = False  # a receipt awaits its commit (engines without a receipt log)
         self._receipt_bytes = 0
         self._flush_failed = False
+        self._receipt_prefix = f"[{_json_text(job_id)},"  # each receipt log line's start
         # The jobs row is written with the first flushed record, so a run refused before it
         # touched anything (bad input) leaves the journal exactly as it was.
-        self._receipt_prefix = f"[{_json_text(job_id)},"
         self._runner = runner
         self._flushed = False
         self._unfinished_marked = False

@@ -387,28 +387,16 @@ class SqliteBackend(EngineBase):
         self._committed(durable)
 
     def apply(self, statements: Sequence[Statement], *, durable: bool) -> None:
-        # write() and EngineBase.apply without a context manager's and a Tx's cost: a runner applies one
-        # group of statements per send.
         conn = self._connection
+        if len(statements) != 1 or statements[0].many or conn.in_transaction:
+            super().apply(statements, durable=durable)
+            return
+        # A runner's usual commit: one multi-row upsert. One statement is a transaction of its own
+        # (SQLite's autocommit): it takes the write lock as it starts, as BEGIN IMMEDIATE would, and
+        # commits or rolls back whole. Two statements fewer - and, with sends running on other threads,
+        # two fewer waits for the GIL, which every statement gives up while SQLite works.
         try:
-            if len(statements) == 1 and not statements[0].many and not conn.in_transaction:
-                # One statement is a transaction of its own (SQLite's autocommit): it takes the write lock
-                # as it starts, as BEGIN IMMEDIATE would, and commits or rolls back whole. Two statements
-                # fewer - and, with sends running on other threads, two fewer waits for the GIL, which
-                # every statement gives up while SQLite works.
-                conn.execute(statements[0].sql, statements[0].params)
-            else:
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    for statement in statements:
-                        if statement.many:
-                            conn.executemany(statement.sql, statement.params)
-                        else:
-                            conn.execute(statement.sql, statement.params)
-                except BaseException:
-                    conn.execute("ROLLBACK")
-                    raise
-                conn.execute("COMMIT")
+            conn.execute(statements[0].sql, statements[0].params)
         except sqlite3.DatabaseError as exc:
             raise self._write_error(exc) from None
         self._committed(durable)
