@@ -49,8 +49,10 @@ def test_second_process_is_refused_at_once_then_takes_over_after_sigkill(tmp_pat
     whole_process = time.monotonic() - started
     assert code == EXIT_BUSY, (code, summary, err)
     assert summary["busy"] is True
-    # At once: no waiting on a lock or a busy timeout (process start-up included).
-    assert summary["elapsed"] < 2.0 and whole_process < 2.0, (summary["elapsed"], whole_process)
+    # At once: no waiting on a lock or a busy timeout - inside the run (the claim, brief holders' 5 s), and
+    # in the whole process (opening the journal: SQLite's busy timeout is 30 s), whose start-up alone takes
+    # seconds on a loaded machine (2.1 s seen in CI).
+    assert summary["elapsed"] < 2.0 and whole_process < 10.0, (summary["elapsed"], whole_process)
     assert "already running" in summary["message"] and f"pid {first.pid}" in summary["message"]
     assert first.proc.poll() is None, "the first run is still running"
     # ... and the refused run sent nothing and wrote nothing.
