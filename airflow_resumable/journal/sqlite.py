@@ -30,7 +30,6 @@ import contextlib
 import errno
 import fcntl
 import hashlib
-import itertools
 import json
 import math
 import os
@@ -400,13 +399,6 @@ class SqliteBackend(EngineBase):
         except sqlite3.DatabaseError as exc:
             raise self._write_error(exc) from None
         self._committed(durable)
-
-    def upsert_statements(self, rows: Sequence[Sequence[Any]]) -> list[Statement]:
-        # SQLite upserts the rows of one statement one after the other: a step twice in one is fine.
-        per_statement = sql.rows_per_statement(sql.UPSERT_ROWS_PER_STATEMENT, sql.UPSERT_VALUES_PER_ROW,
-                                               self.max_params)
-        return [Statement(sql.upsert_rows(len(part)), list(itertools.chain.from_iterable(part)))
-                for part in (rows[n:n + per_statement] for n in range(0, len(rows), per_statement))]
 
     def _write_error(self, exc: sqlite3.DatabaseError) -> Exception:
         if isinstance(exc, sqlite3.OperationalError) and "locked" in str(exc):

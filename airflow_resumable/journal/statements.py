@@ -9,6 +9,7 @@ both engines, so the records and the comparisons are the same code.
 from __future__ import annotations
 
 import functools
+import itertools
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -115,12 +116,12 @@ def rows_per_statement(preferred: int, values_per_row: int, max_params: int) -> 
 
 
 def upsert_statements(rows: Sequence[Sequence[Any]], max_params: int) -> list[Statement]:
-    """``rows`` as few multi-row upsert statements as the engine's parameter limit allows."""
+    """``rows`` as few multi-row upsert statements as the engine's parameter limit allows. For an engine that
+    upserts a statement's rows one after the other, as SQLite does: a step twice in one is fine there
+    (PostgreSQL's statements are cut by :func:`without_repeats`)."""
     limit = rows_per_statement(UPSERT_ROWS_PER_STATEMENT, UPSERT_VALUES_PER_ROW, max_params)
-    return [
-        Statement(upsert_rows(len(part)), [value for row in part for value in row])
-        for part in without_repeats(rows, limit)
-    ]
+    return [Statement(upsert_rows(len(part)), list(itertools.chain.from_iterable(part)))
+            for part in (rows[n:n + limit] for n in range(0, len(rows), limit))]
 
 
 HOLD = """
