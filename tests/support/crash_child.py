@@ -279,7 +279,9 @@ class ChildRun:
         """Wait for the marker; returns its text. Fails if the child exits or hangs before it."""
         deadline = time.monotonic() + timeout
         while not self.marker.exists():
-            if self.proc.poll() is not None:
+            # The marker is looked at again after the exit is seen: a child with nothing left to do
+            # writes it and exits between this loop's two checks.
+            if self.proc.poll() is not None and not self.marker.exists():
                 out, err = self.proc.communicate()
                 raise AssertionError(f"child exited {self.proc.returncode} before its marker:\n{out}\n{err}")
             if time.monotonic() > deadline:
