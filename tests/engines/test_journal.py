@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from airflow_resumable import _fs
-from airflow_resumable import journal as journal_mod
 from airflow_resumable.exceptions import JobPrunedError, JournalCorruptError, JournalVersionError
 from airflow_resumable.journal import (
     SCHEMA_VERSION,
@@ -34,6 +33,8 @@ from airflow_resumable.journal import (
     Status,
     StepJournal,
 )
+from airflow_resumable.journal import sqlite as journal_sqlite
+from airflow_resumable.journal.schema import SQLITE_MIGRATIONS
 from airflow_resumable.runner import Step, StepContext, idempotency_key, run_batch
 from tests.support import backends
 
@@ -229,7 +230,7 @@ def test_schema_version(path):
 def _version_1_journal(path: Path, item: Mapping[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     conn = raw(path)
-    for statement in journal_mod.schema.SQLITE_MIGRATIONS[1]:
+    for statement in SQLITE_MIGRATIONS[1]:
         conn.execute(statement)
     conn.execute("PRAGMA user_version = 1")
     rows = [
@@ -472,7 +473,7 @@ def test_cloud_sync_folders_are_detected(tmp_path, mounts, fake_mountinfo, folde
 
 
 def test_journal_on_a_network_filesystem_is_refused_unless_allowed(mounts, fake_mountinfo, monkeypatch):
-    monkeypatch.setattr(journal_mod.sqlite, "network_location_reason",
+    monkeypatch.setattr(journal_sqlite, "network_location_reason",
                         functools.partial(_fs.network_location_reason, mountinfo=fake_mountinfo))
     target = mounts["nfs"] / "airflow" / "journal.sqlite3"
     with pytest.raises(JournalLocationError) as info:
