@@ -120,6 +120,11 @@ class JobRun:
                 )
         return found
 
+    def marks(self) -> int:
+        """The IN_FLIGHT marks the journal has counted for this job (committed ones only)."""
+        rows = self.engine.read(sql.JOB_MARKS, (self.job_id,))
+        return int(rows[0][0]) if rows else 0
+
     def admit(self, chunk: Sequence[tuple[str, str]]) -> list[str]:
         """Take the next chunk's ``(item_id, digest)`` pairs; return ids an earlier chunk already had.
 

@@ -119,6 +119,11 @@ class JournalReads:
     def has_job(self, job_id: str) -> bool:
         return bool(self.engine.read(sql.JOB_EXISTS, (_check_text_arg(job_id, "job_id"),)))
 
+    def marks(self, job_id: str) -> int:
+        """How many IN_FLIGHT marks the job's sends have committed (SPEC §13; it only grows)."""
+        rows = self.engine.read(sql.JOB_MARKS, (_check_text_arg(job_id, "job_id"),))
+        return int(rows[0][0]) if rows else 0
+
     def jobs(
         self, *, limit: int | None = None, cursor: str | None = None, status: str | None = None,
         dag_id: str | None = None,

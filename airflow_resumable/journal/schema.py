@@ -7,7 +7,7 @@ by a newer release and is refused, never downgraded.
 
 from __future__ import annotations
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 # Version 4: when a run last went through the whole batch (NULL while a run is under way, and after
 # one that stopped or died part way: such a job shows as not finished and is never pruned). Jobs
@@ -118,24 +118,44 @@ def recount_statement() -> str:
 _SQLITE_NEW_ITEM = (
     "NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = NEW.job_id AND s.item_id = NEW.item_id AND s.step != NEW.step)"
 )
+# A send's IN_FLIGHT mark, as version 9 counts it (jobs.n_marks).
+_MARK = "({r}.side_effect = 1 AND {r}.status = 'IN_FLIGHT')"
+
+
+def _sqlite_counted_insert(marks: bool = False) -> str:
+    """The insert counting trigger: version 7's, or with version 9's count of marks."""
+    added: tuple[str, ...] = COUNTERS
+    columns, values = ", ".join(COUNTERS), ", ".join(_row_counts("NEW"))
+    if marks:
+        columns, values, added = columns + ", n_marks", values + ", " + _MARK.format(r="NEW"), (*COUNTERS, "n_marks")
+    return f"""CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps BEGIN
+       INSERT INTO jobs (job_id, created_at, updated_at, {columns})
+       VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, {_SQLITE_NEW_ITEM}, {values})
+       ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = {c} + excluded.{c}" for c in added)};
+       END"""
+
+
+def _sqlite_counted_update(marks: bool = False) -> str:
+    """The update counting trigger: version 7's, or with version 9's (a row that becomes IN_FLIGHT)."""
+    sets = ", ".join(f"{c} = {c} + {new} - {old}" for c, new, old in
+                     zip(COUNTERS[1:], _row_counts("NEW"), _row_counts("OLD"), strict=True))
+    if marks:
+        sets += f", n_marks = n_marks + ({_MARK.format(r='NEW')} AND OLD.status != 'IN_FLIGHT')"
+    return f"""CREATE TRIGGER steps_counted_update AFTER UPDATE ON steps
+       WHEN OLD.status != NEW.status OR OLD.held_reason IS NOT NEW.held_reason OR OLD.side_effect != NEW.side_effect
+         OR OLD.not_sent != NEW.not_sent
+       BEGIN
+       UPDATE jobs SET {sets}
+       WHERE job_id = NEW.job_id;
+       END"""
+
 _SQLITE_COUNTERS = (
     *_counters("INTEGER"),
     # A row is never moved to another job, item or step (no statement does): the counts rely on it.
     """CREATE TRIGGER steps_key_fixed BEFORE UPDATE OF job_id, item_id, step, created_at ON steps
        BEGIN SELECT RAISE(ABORT, 'a step row keeps its job, item, step and creation time'); END""",
-    f"""CREATE TRIGGER steps_counted_insert AFTER INSERT ON steps BEGIN
-       INSERT INTO jobs (job_id, created_at, updated_at, {", ".join(COUNTERS)})
-       VALUES (NEW.job_id, NEW.created_at, NEW.updated_at, {_SQLITE_NEW_ITEM}, {", ".join(_row_counts("NEW"))})
-       ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = {c} + excluded.{c}" for c in COUNTERS)};
-       END""",
-    f"""CREATE TRIGGER steps_counted_update AFTER UPDATE ON steps
-       WHEN OLD.status != NEW.status OR OLD.held_reason IS NOT NEW.held_reason OR OLD.side_effect != NEW.side_effect
-         OR OLD.not_sent != NEW.not_sent
-       BEGIN
-       UPDATE jobs SET {", ".join(f"{c} = {c} + {new} - {old}" for c, new, old in
-                                  zip(COUNTERS[1:], _row_counts("NEW"), _row_counts("OLD"), strict=True))}
-       WHERE job_id = NEW.job_id;
-       END""",
+    _sqlite_counted_insert(),
+    _sqlite_counted_update(),
     f"""CREATE TRIGGER steps_counted_delete AFTER DELETE ON steps BEGIN
        UPDATE jobs SET n_items = n_items - NOT EXISTS (SELECT 1 FROM steps s WHERE s.job_id = OLD.job_id
                                                                           AND s.item_id = OLD.item_id),
@@ -299,6 +319,54 @@ _PG_COMPACTED = (
     *(f"ALTER FUNCTION {name}() SET search_path FROM CURRENT" for name in _PG_COUNTING_FUNCTIONS),
 )
 
+# Version 9 (SPEC §13): every job counts its sends' IN_FLIGHT marks (jobs.n_marks), in the transaction
+# that commits them - by the counting triggers, so no statement and no trigger firing is added. A row
+# that becomes IN_FLIGHT counts one; nothing ever takes one away (not a delete, prune or compaction):
+# a journal whose count is below one a run saw has lost marks (restored, copied, failed over). A run
+# keeps its high-water mark outside the journal (runner/high_water.py). Existing jobs start at 0: no
+# mark was kept for them outside either.
+_SQLITE_MARKS = (
+    "ALTER TABLE jobs ADD COLUMN n_marks INTEGER NOT NULL DEFAULT 0",
+    "DROP TRIGGER steps_counted_insert",
+    "DROP TRIGGER steps_counted_update",
+    _sqlite_counted_insert(marks=True),
+    _sqlite_counted_update(marks=True),
+)
+# PostgreSQL: the statement triggers count the rows they see IN_FLIGHT (an update's rows as they are
+# after it: a mark renewed counts again, which only moves the count on faster).
+_PG_MARKS = (
+    "ALTER TABLE jobs ADD COLUMN n_marks BIGINT NOT NULL DEFAULT 0",
+    f"""CREATE OR REPLACE FUNCTION steps_counted_insert() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         INSERT INTO jobs AS j (job_id, created_at, updated_at, {", ".join(COUNTERS)}, n_marks)
+         SELECT r.job_id, min(r.created_at), max(r.updated_at),
+                count(*) FILTER (WHERE r.first_of_item AND r.added = (
+                    SELECT count(*) FROM steps s WHERE s.job_id = r.job_id AND s.item_id = r.item_id)),
+                {_PG_SUMS}, count(*) FILTER (WHERE {_MARK.format(r="r")})
+         FROM (SELECT i.*, count(*) OVER item AS added, row_number() OVER item = 1 AS first_of_item
+               FROM inserted i WINDOW item AS (PARTITION BY i.job_id, i.item_id)) AS r
+         GROUP BY r.job_id
+         ON CONFLICT (job_id) DO UPDATE SET {", ".join(f"{c} = j.{c} + excluded.{c}" for c in (*COUNTERS, "n_marks"))};
+         RETURN NULL;
+       END $$""",
+    f"""CREATE OR REPLACE FUNCTION steps_counted_update() RETURNS trigger LANGUAGE plpgsql AS $$
+       BEGIN
+         UPDATE jobs AS j SET {", ".join(f"{c} = j.{c} + d.{c}" for c in COUNTERS[1:])}, n_marks = j.n_marks + d.n_marks
+         FROM (SELECT job_id, {", ".join(f"sum({c}) AS {c}" for c in COUNTERS[1:])},
+                      sum(marks) AS n_marks
+               FROM (SELECT r.job_id, {_PG_SIGNED}, ({_MARK.format(r="r")})::int AS marks
+                     FROM (SELECT *, 1 AS sign FROM after_update) AS r
+                     UNION ALL
+                     SELECT r.job_id, {_PG_SIGNED}, 0 FROM (SELECT *, -1 AS sign FROM before_update) AS r) AS changes
+               GROUP BY job_id) AS d
+         WHERE j.job_id = d.job_id AND ({", ".join(f"d.{c}" for c in (*COUNTERS[1:], "n_marks"))}) != (0, 0, 0, 0, 0, 0);
+         RETURN NULL;
+       END $$""",    # A function replaced loses its settings: the journal's schema again (as version 8 fixed it).
+    "ALTER FUNCTION steps_counted_insert() SET search_path FROM CURRENT",
+    "ALTER FUNCTION steps_counted_update() SET search_path FROM CURRENT",
+)
+
+
 SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
     1: (
         """CREATE TABLE steps (
@@ -370,6 +438,7 @@ SQLITE_MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: _VERSIONS,
     7: _SQLITE_COUNTERS,
     8: _SQLITE_COMPACTED,
+    9: _SQLITE_MARKS,
 }
 
 # PostgreSQL journals start at version 3, the same tables and meaning as SQLite's version 3. The
@@ -432,4 +501,5 @@ POSTGRES_MIGRATIONS: dict[int, tuple[str, ...]] = {
     6: _VERSIONS,
     7: _PG_COUNTERS,
     8: _PG_COMPACTED,
+    9: _PG_MARKS,
 }

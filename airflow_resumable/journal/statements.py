@@ -156,6 +156,8 @@ TAKE_BACK_MARK = "DELETE FROM steps WHERE job_id = ? AND item_id = ? AND step = 
 
 JOB_PRUNED_AT = "SELECT pruned_at FROM jobs WHERE job_id = ?"
 JOB_EXISTS = "SELECT 1 FROM jobs WHERE job_id = ?"
+# The IN_FLIGHT marks a job has counted (schema 9; a job without a row has none).
+JOB_MARKS = "SELECT n_marks FROM jobs WHERE job_id = ?"
 # A job's or an item's rows, live or compacted (params: job_id, job_no; job_id, item_id, job_no, item_id).
 # Compacted items are found by the job's number as a value: PostgreSQL's planner then opens one partition of
 # compacted, not every one (a join on jobs locked them all, per statement).

@@ -212,7 +212,7 @@ def test_busy_timeout_expiry_is_a_clear_error_and_nothing_is_sent(path):
 
 def test_schema_version(path):
     with StepJournal(path) as journal:
-        assert SCHEMA_VERSION == 8
+        assert SCHEMA_VERSION == 9
         conn = raw(path)
         assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
@@ -274,12 +274,12 @@ def test_forward_migration_from_version_1(path):
         assert after["resolutions"] == before["resolutions"]
         # Version 4's finished_at: jobs journaled before count as finished when last updated. Version 7:
         # each job's counts (items, in flight, succeeded, failed, held, unresolved), counted once. Version 8:
-        # no number and no compaction yet (job_no, compacted_at).
+        # no number and no compaction yet (job_no, compacted_at). Version 9: marks counted from then on (0).
         assert after["jobs"] == [
             ("old/held", 1_500_000_000.0, 1_500_000_000.0, None, None, 1_500_000_000.0, None, 1, 0, 0, 1, 1, 0,
-             None, None),
+             None, None, 0),
             ("old/job", 1_600_000_000.0, 1_600_000_009.0, None, None, 1_600_000_009.0, None, 1, 0, 3, 0, 0, 0,
-             None, None),
+             None, None, 0),
         ]
         backends.assert_counts_exact(path)
         assert len(journal.journal_id) == 32

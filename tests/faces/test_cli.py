@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from airflow_resumable.journal import StepJournal
+from airflow_resumable.journal import SCHEMA_VERSION, StepJournal
 from airflow_resumable.runner import Step, run_batch
 from tests.support.backends import snapshot as snapshot_of
 
@@ -489,31 +489,34 @@ def test_migrate_takes_an_older_shared_journal_to_this_release_and_runs_go_throu
 
     migrated = run_cli("migrate")
     assert migrated.returncode == 0, migrated.stderr
-    assert migrated.stdout == f"journal {where}: schema version 6 -> 8\n"
+    assert migrated.stdout == f"journal {where}: schema version 6 -> {SCHEMA_VERSION}\n"
     assert_counts_exact(postgres_url)  # the kept counts were computed for the jobs already there
     with StepJournal(postgres_url) as journal:
         run_batch(journal, "next", [{"id": "x"}], steps, settle_in_task=False)
     assert sent == ["x"]
     assert {h["item_id"] for h in json.loads(run_cli("held", "j", "--json").stdout)} == {"b", "c"}
     again = run_cli("migrate", "--json")
-    assert again.returncode == 0 and json.loads(again.stdout) == {"journal": where, "found": 8, "version": 8}
+    assert again.returncode == 0
+    assert json.loads(again.stdout) == {"journal": where, "found": SCHEMA_VERSION, "version": SCHEMA_VERSION}
 
 
 def test_migrate_creates_a_new_shared_journal(postgres_url):
     created = cli(postgres_url, "migrate")
     assert created.returncode == 0, created.stderr
     assert created.stdout.startswith("journal postgresql://") and created.stdout.endswith(
-        " (schema resumable): created at schema version 8\n")
+        f" (schema resumable): created at schema version {SCHEMA_VERSION}\n")
     assert cli(postgres_url, "jobs").stdout == "(none)\n"
 
 
 def test_migrate_on_sqlite_moves_an_older_file_and_leaves_a_missing_one_to_the_first_task(journal_path):
     from tests.support.backends import sqlite_downgrade
 
-    assert cli(journal_path, "migrate").stdout == f"journal {journal_path}: already at schema version 8\n"
+    already = f"journal {journal_path}: already at schema version {SCHEMA_VERSION}\n"
+    assert cli(journal_path, "migrate").stdout == already
     sqlite_downgrade(journal_path, 6)
     migrated = cli(journal_path, "migrate")
-    assert migrated.returncode == 0 and migrated.stdout == f"journal {journal_path}: schema version 6 -> 8\n"
+    assert migrated.returncode == 0
+    assert migrated.stdout == f"journal {journal_path}: schema version 6 -> {SCHEMA_VERSION}\n"
     assert len(json.loads(cli(journal_path, "held", "j", "--json").stdout)) == 2
     missing = journal_path.with_name("not-yet.sqlite3")
     none_yet = cli(missing, "migrate")  # a single-host deployment runs the same init command

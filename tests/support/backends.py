@@ -86,7 +86,7 @@ def assert_counts_exact(location: str | Path) -> None:
 
 
 def sqlite_downgrade(path: str | Path, version: int) -> None:
-    """Take a SQLite journal written by this release back to an older schema ``version`` (5, 6 or 7), as
+    """Take a SQLite journal written by this release back to an older schema ``version`` (5 to 8), as
     that release would have left it: for the migration tests of journals that hold real runs' rows (with
     no compacted items: version 7 had none)."""
     from airflow_resumable.journal.schema import COUNTERS
@@ -94,6 +94,10 @@ def sqlite_downgrade(path: str | Path, version: int) -> None:
     conn = sqlite3.connect(str(path), isolation_level=None)
     try:
         assert conn.execute("SELECT count(*) FROM compacted").fetchone()[0] == 0, "expand the items first"
+        _sqlite_drop_marks(conn)
+        if version == 8:
+            conn.execute("PRAGMA user_version = 8")
+            return
         for trigger in ("compacted_kept", "compacted_counted_insert", "compacted_counted_delete"):
             conn.execute(f"DROP TRIGGER {trigger}")
         conn.execute("DROP TABLE compacted")
@@ -119,6 +123,18 @@ def sqlite_downgrade(path: str | Path, version: int) -> None:
         conn.close()
 
 
+def _sqlite_drop_marks(conn: sqlite3.Connection) -> None:
+    """Version 9 undone: the marks column, and the counting triggers as version 7 wrote them."""
+    from airflow_resumable.journal.schema import SQLITE_MIGRATIONS
+
+    conn.execute("DROP TRIGGER steps_counted_insert")
+    conn.execute("DROP TRIGGER steps_counted_update")
+    conn.execute("ALTER TABLE jobs DROP COLUMN n_marks")
+    for statement in SQLITE_MIGRATIONS[7]:
+        if "CREATE TRIGGER steps_counted_insert" in statement or "CREATE TRIGGER steps_counted_update" in statement:
+            conn.execute(statement)
+
+
 def postgres_downgrade_to_6(url: str, schema: str = "resumable") -> None:
     """Take a PostgreSQL journal written by this release back to schema version 6 (what 0.3.0's
     predecessor left); a test then drops what versions 6, 5 and 4 added, for older ones."""
@@ -129,6 +145,7 @@ def postgres_downgrade_to_6(url: str, schema: str = "resumable") -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(f'SET search_path = "{schema}"')
         assert conn.execute("SELECT count(*) FROM compacted").fetchone()[0] == 0, "expand the items first"
+        conn.execute("ALTER TABLE jobs DROP COLUMN n_marks")  # version 9 (its functions are dropped below)
         for name in ("compacted_kept", "compacted_counted_insert", "compacted_counted_delete"):
             conn.execute(f"DROP TRIGGER {name} ON compacted")
             conn.execute(f"DROP FUNCTION {name}()")
