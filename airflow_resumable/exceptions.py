@@ -32,6 +32,7 @@ __all__ = [
     "JournalConnectionError",
     "JournalCorruptError",
     "JournalDiskFullError",
+    "JournalBehindError",
     "JournalError",
     "JournalLocationError",
     "JournalVersionError",
@@ -90,6 +91,28 @@ class JournalCorruptError(JournalError):
 
 class JournalDiskFullError(JournalError):
     """The disk holding the journal is full. Nothing is lost: free space and retry (never restore)."""
+
+
+class JournalBehindError(JournalError):
+    """The journal has fewer IN_FLIGHT marks for this job than a run of it saw (SPEC §13): it was restored
+    from a backup, copied, or failed over to a standby that had not received everything. Items it
+    forgot may have been sent; nothing was sent by this run.
+
+    :param journal: the journal, as its location names it.
+    :param journal_marks: the job's marks in the journal now.
+    :param stored_marks: the count the high-water mark recorded.
+    :param recorded_at: when the mark was recorded (ISO 8601), or None.
+    :param recorded_by: the run (try) that recorded it, or None.
+    """
+
+    def __init__(self, message: str, *, journal: str, journal_marks: int, stored_marks: int,
+                 recorded_at: str | None = None, recorded_by: str | None = None) -> None:
+        super().__init__(message)
+        self.journal = journal
+        self.journal_marks = journal_marks
+        self.stored_marks = stored_marks
+        self.recorded_at = recorded_at
+        self.recorded_by = recorded_by
 
 
 class JournalVersionError(JournalError):

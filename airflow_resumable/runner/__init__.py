@@ -33,9 +33,11 @@ from airflow_resumable.runner.batch import (
     _Batch,
     _chunks,
     _is_storable,
+    _planned_ids,
     _prepare,
     _ReceiverGaveUp,
     _room_for_item_ids,
+    _with_next,
 )
 from airflow_resumable.runner.decisions import Action, decide
 from airflow_resumable.runner.drivers import (
@@ -45,6 +47,7 @@ from airflow_resumable.runner.drivers import (
     check_concurrency,
     check_progress_interval,
 )
+from airflow_resumable.runner.high_water import HighWater, MarkStore, check_on_journal_behind
 from airflow_resumable.runner.results import BatchProgress, BatchResult
 from airflow_resumable.runner.settle import Settlement, checked_settlement
 from airflow_resumable.runner.steps import (
@@ -63,7 +66,8 @@ from airflow_resumable.runner.verify import verify_held
 # The runner's public names. The errors a step raises or a run ends with, and HeldStep (what a run
 # reports held), are importable from here too; every other error is in airflow_resumable.exceptions.
 __all__ = [
-    "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "NotDelivered", "Settlement", "Step", "StepContext",
+    "NOT_DELIVERED", "Action", "BatchProgress", "BatchResult", "MarkStore", "NotDelivered", "Settlement", "Step",
+    "StepContext",
     "StepFn", "VerifyFn", "canonical_digest", "decide", "idempotency_key", "run_batch", "verify_held",
     "BatchStopped", "HeldStep", "InvalidItemError", "NotSentError",
 ]
@@ -86,6 +90,8 @@ def run_batch(
     stop: threading.Event | None = None,
     dag_id: str | None = None,
     settle_in_task: bool | Settlement = True,
+    high_water: MarkStore | None = None,
+    on_journal_behind: str = "refuse",
 ) -> BatchResult:
     """Run ``steps`` over ``items`` under ``job_id``, resuming whatever the journal already has.
 
@@ -109,6 +115,13 @@ def run_batch(
     :class:`~airflow_resumable.exceptions.ReceiverUnavailableError` saying how many items wait. A
     receiver that keeps failing stops the run the same way. ``False``: the first failing send stops the
     run, as before (the article's way).
+
+    ``high_water`` (SPEC §13): where to keep a high-water mark of the job's IN_FLIGHT marks outside the
+    journal (:mod:`airflow_resumable.runner.high_water`; the operator uses the task state store). Before
+    its first send the run compares it with the journal's count: a journal that is behind is refused
+    with :class:`~airflow_resumable.exceptions.JournalBehindError`, nothing sent - or, with
+    ``on_journal_behind="verify"``, every send the journal has no record of asks ``verify`` first (a step
+    without one is held), and a run that goes through the whole batch re-bases the mark.
     """
     if not isinstance(job_id, str) or not job_id.strip() or not _is_storable(job_id):
         raise ValueError("job_id must be a non-empty string of valid Unicode text without NUL characters")
@@ -117,6 +130,7 @@ def run_batch(
     if not isinstance(id_field, str) or not id_field:
         raise ValueError("id_field must be a non-empty string")
     check_concurrency(concurrency)
+    on_journal_behind = check_on_journal_behind(on_journal_behind)
     settlement = checked_settlement(settle_in_task)
     progress_interval = check_progress_interval(progress_interval)
     checked_steps = _check_steps(steps)
@@ -143,9 +157,20 @@ def run_batch(
     batch: _Batch | None = None
     with journal.open_job(job_id, runner=runner, dag_id=dag_id) as run:
         batch = _Batch(run, checked_steps, result, settlement, shared_pace=journal.shared_pace)
+        hw = None
+        if high_water is not None:
+            hw = HighWater(high_water, run, journal=journal.location, journal_id=journal.journal_id, label=runner,
+                           on_behind=on_journal_behind, concurrency=concurrency,
+                           all_verifiable=all(s.verify is not None for s in checked_steps if s.side_effect))
+            hw.start()  # a journal found behind is refused here, before anything is sent
+            batch.high_water = hw
         driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)
         try:
-            for chunk in _chunks(items):
+            for chunk, following in _with_next(_chunks(items), read_ahead=hw is not None):
+                if hw is not None:  # the record of a window names the items coming next: read one chunk ahead
+                    if not result.items_total:
+                        hw.plan(_planned_ids(chunk, id_field))
+                    hw.plan(_planned_ids(following, id_field))
                 prepared = _prepare(chunk, id_field, result.items_total, run, max_id_bytes=id_room)
                 result.items_total += len(prepared)
                 # Items whose every step is SUCCEEDED with this very input are settled in bulk by
@@ -155,6 +180,8 @@ def run_batch(
                 for p in prepared:
                     if p.item_id in unfinished:
                         _check_stop(stop)
+                        if hw is not None:
+                            hw.admit(p.item_id)
                         driver.start(p, rows.get(p.item_id, {}))
                         report_if_due()  # by time, between items: slow sends still report
                     else:
@@ -165,8 +192,15 @@ def run_batch(
             if result.gave_up:
                 raise _ReceiverGaveUp("attempts_exhausted", batch.last_retry_after)
             run.finished()  # the whole batch was gone through: the job is no longer unfinished
+            if hw is not None:
+                hw.close(finished=True)
         except BaseException as exc:
             driver.abort(exc)
+            if hw is not None:
+                try:
+                    hw.close(finished=False)
+                except Exception as close_error:  # noqa: BLE001 - the window stays open: the next run verifies it
+                    log.warning("high-water mark: the last record was not written (%s)", type(close_error).__name__)
             if on_progress is not None:
                 # How far this run got, for the task log and metrics; the original error still wins.
                 try:

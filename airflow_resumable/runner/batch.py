@@ -22,6 +22,7 @@ from airflow_resumable.journal import HeldReason, HeldStep, JobRun, StepJournal,
 from airflow_resumable.journal.checks import text_problem
 from airflow_resumable.journal.records import MAX_ID_LENGTH
 from airflow_resumable.runner.decisions import HOLD_CHANGED, SKIP, VERIFY, decide
+from airflow_resumable.runner.high_water import HighWater
 from airflow_resumable.runner.results import BatchResult
 from airflow_resumable.runner.settle import FINAL, REFUSED, UNKNOWN, Pace, Settlement, SharedPace, kind_of, retry_after_of
 from airflow_resumable.runner.steps import _COMPACT, NotDelivered, Step, StepContext, canonical_digest
@@ -40,6 +41,10 @@ class _Prepared:
     item_id: str
     item: Mapping[str, Any]
     digest: str
+
+
+# What _Batch._verify_first answers for a send it held.
+_HELD = object()
 
 
 def _is_storable(value: str) -> bool:
@@ -154,6 +159,36 @@ def _receipt_of(value: Any, encoded: str) -> str | None:
         return None
     # A receipt holding NUL is kept as its JSON text: no journal engine stores NUL in text.
     return value if isinstance(value, str) and "\x00" not in value else encoded
+
+
+def _with_next(chunks: Iterator[list[object]], *, read_ahead: bool) -> Iterator[tuple[list[object], list[object]]]:
+    """Each chunk with the one after it (empty at the end; always empty without ``read_ahead``). An
+    error reading a chunk early is raised when the chunk would have been read."""
+    if not read_ahead:
+        for chunk in chunks:
+            yield chunk, []
+        return
+    current = next(chunks, None)
+    while current is not None:
+        error: Exception | None = None
+        try:
+            following = next(chunks, None)
+        except Exception as exc:  # noqa: BLE001 - raised in its turn, below
+            following, error = None, exc
+        yield current, following or []
+        if error is not None:
+            raise error
+        current = following
+
+
+def _planned_ids(chunk: list[object], id_field: str) -> Iterator[str]:
+    """The ids of a chunk's items as far as they can be read (an invalid item ends them: the chunk is
+    refused when its turn comes)."""
+    for position, item in enumerate(chunk):
+        try:
+            yield _item_id(item, id_field, position)
+        except Exception:  # noqa: BLE001
+            return
 
 
 def _chunks(items: Iterable[object]) -> Iterator[list[object]]:
@@ -278,6 +313,7 @@ class _Batch:
         self.result = result
         self.settlement = settlement
         self.last_retry_after: float | None = None
+        self.high_water: HighWater | None = None  # set by run_batch when a mark is kept outside the journal
         # One pace per receiver: per limit key when steps name one (shared with other runs through the
         # journal), else per step. A step with neither a rate nor settlement is sent unpaced.
         self.paces: dict[str, Pace] = {}
@@ -295,6 +331,20 @@ class _Batch:
             self.paces[step.name] = pace
 
     def steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
+        if self.high_water is None:
+            return self._steps_of(p, rows)
+        return self._tracked(self.high_water, p, rows)
+
+    def _tracked(self, high_water: HighWater, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
+        """An item's steps, telling the high-water mark when they ended (settled: not cut short)."""
+        settled = False
+        try:
+            yield from self._steps_of(p, rows)
+            settled = True
+        finally:
+            high_water.release(p.item_id, settled=settled)
+
+    def _steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
         job_id, result = self.run.job_id, self.result
         outputs: dict[str, str | None] = {}  # step -> recorded JSON, decoded only if a later step asks
         for step in self.steps:
@@ -349,6 +399,14 @@ class _Batch:
                 log.info("item %s: %s verified by the receiver, not sent again", p.item_id, step.name)
                 continue
             if step.side_effect:
+                if self.high_water is not None and self.high_water.must_verify(p.item_id):
+                    # The journal may have lost this send's record (SPEC §13): ask before sending.
+                    answer = self._verify_first(step, p, ctx, row)
+                    if answer is _HELD:
+                        return
+                    if isinstance(answer, str):
+                        outputs[step.name] = answer
+                        continue
                 if row is not None:  # FAILED before anything was sent (NotSentError, not_delivered)
                     log.info("item %s: %s was not sent; sending it", p.item_id, step.name)
                 outputs[step.name] = yield _Send(step, p, ctx, new_row=row is None)
@@ -356,6 +414,27 @@ class _Batch:
                 outputs[step.name] = self._run_local(step, p, ctx)
             result.executed_steps += 1
         result.items_completed += 1
+
+    def _verify_first(self, step: Step, p: _Prepared, ctx: StepContext, row: StepState | None) -> object:
+        """A send the journal has no record of, where it may have lost one: its encoded receipt if the
+        receiver has it, None (send it) if the receiver says it never got it, else _HELD (held for a
+        person, as an IN_FLIGHT row: it may have been sent)."""
+        answer = _ask_receiver(step.verify, ctx)
+        if isinstance(answer, NotDelivered):
+            log.info("item %s: %s not delivered per the receiver; sending it", p.item_id, step.name)
+            return None
+        if answer is None:
+            self.run.mark_in_flight(p.item_id, step.name, p.digest, new_attempt=False)
+            self.run.hold(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME)
+            self._held(p.item_id, step.name, HeldReason.UNKNOWN_OUTCOME, ctx.generation)
+            return _HELD
+        encoded = json.dumps(answer)
+        self.run.mark_succeeded(p.item_id, step.name, p.digest, side_effect=True, output=encoded,
+                                receipt=answer, verified=True)
+        self.result.skipped_steps += 1
+        self.result.verified_steps += 1
+        log.info("item %s: %s found at the receiver, not sent again", p.item_id, step.name)
+        return encoded
 
     def _run_local(self, step: Step, p: _Prepared, ctx: StepContext) -> str:
         try:
@@ -506,4 +585,6 @@ class _Batch:
 
     def _held(self, item_id: str, step: str, reason: HeldReason, generation: int) -> None:
         self.result.held.append(HeldStep(self.run.job_id, item_id, step, reason, generation))
+        if self.high_water is not None:
+            self.high_water.release(item_id, settled=True)  # its row says it is held
         log.warning("item %s: %s held (%s)", item_id, step, reason.value)
