@@ -28,6 +28,8 @@ STATE_STORE_KEY = "resumable_journal"
 # Set by every try before it opens its journal: a later try that finds it, and no journal recorded under
 # STATE_STORE_KEY, knows an earlier try started and never got as far as sending.
 STARTED_STORE_KEY = "resumable_try_started"
+# The task state store key of the high-water mark of the job's IN_FLIGHT marks (SPEC §13).
+HIGH_WATER_STORE_KEY = "resumable_high_water"
 POSTGRES_CONN_TYPES = ("postgres", "postgresql")
 SQLITE_CONN_TYPES = ("sqlite",)
 # libpq options an Airflow Postgres connection may carry in its extra (TLS, timeouts, routing).
@@ -69,6 +71,15 @@ def default_settle_in_task() -> bool:
     if value in ("false", "0", "no", "off"):
         return False
     raise JournalConfigError(f"[resumable] settle_in_task must be true or false, not {value[:40]!r}")
+
+
+def default_on_journal_behind() -> str:
+    """``[resumable] on_journal_behind``: what a batch task does when its journal is behind the high-water
+    mark kept outside it (SPEC §13) unless the task says: ``refuse`` (default) or ``verify``."""
+    value = (_conf_get("on_journal_behind") or "refuse").strip().lower()
+    if value not in ("refuse", "verify"):
+        raise JournalConfigError(f"[resumable] on_journal_behind must be refuse or verify, not {value[:40]!r}")
+    return value
 
 
 def default_max_attempts() -> int:

@@ -34,3 +34,9 @@ def emit_batch_metrics(result: BatchResult | BatchProgress, *, dag_id: str, task
     }
     for name, count in counts.items():
         stats_incr(f"{METRIC_PREFIX}.{name}", count, tags)
+
+
+def emit_journal_behind(*, dag_id: str, task_id: str) -> None:
+    """``resumable.journal_behind``: a try refused because its journal is behind the high-water mark
+    kept outside it (SPEC §13): a restore or a failover lost sends the journal had recorded."""
+    stats_incr("resumable.journal_behind", 1, {"dag_id": dag_id, "task_id": task_id})

@@ -107,6 +107,19 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "False",
                         "default": "True",
                     },
+                    "on_journal_behind": {
+                        "description": "What a batch task does when its journal has fewer IN_FLIGHT marks for "
+                        "its job than the high-water mark kept in the task state store (the journal was "
+                        "restored, copied or failed over: SPEC section 13). refuse: fail, sending nothing. "
+                        "verify: every send the journal has no record of asks the step's verify first (a "
+                        "step without verify is held); a try that goes through the whole batch re-bases the "
+                        "mark. A batch task's on_journal_behind= wins. Airflow >= 3.3 only (no task state "
+                        "store before).",
+                        "version_added": "0.3.0",
+                        "type": "string",
+                        "example": "verify",
+                        "default": "refuse",
+                    },
                     "max_attempts": {
                         "description": "Sends and look-ups one step of one item gets in a try when settling in "
                         "the task; also the failure rounds in a row after which a try stops (the receiver "

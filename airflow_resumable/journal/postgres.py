@@ -39,6 +39,7 @@ import contextlib
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import socket
@@ -66,7 +67,11 @@ try:
 except ImportError:  # pragma: no cover - the postgres extra is not installed
     psycopg = None  # type: ignore[assignment]
 
+log = logging.getLogger(__name__)
+
 DEFAULT_SCHEMA = "resumable"
+# Servers whose replication was looked at by this process (one warning each).
+_REPLICATION_CHECKED: set[str] = set()
 DEFAULT_CLAIM_TIMEOUT = 30.0
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 # The parameter limit of one statement in PostgreSQL's wire protocol.
@@ -198,9 +203,34 @@ class PostgresBackend(EngineBase):
             self._migrate(explicit=migrate)
             found = self.read(sql.JOURNAL_ID)
             self.journal_id = str(found[0][0])
+            self._warn_of_an_asynchronous_standby()
         except BaseException:
             self.close()
             raise
+
+    def _warn_of_an_asynchronous_standby(self) -> None:
+        """One warning per server and process if the server streams to a standby asynchronously (SPEC
+        §13): a failover to it loses the last commits, and the journal goes back in time."""
+        where = self.location.split(" (schema")[0]
+        if where in _REPLICATION_CHECKED:
+            return
+        _REPLICATION_CHECKED.add(where)
+        try:
+            rows = self._conn.execute("SELECT application_name, sync_state FROM pg_stat_replication").fetchall()
+        except psycopg.Error as exc:
+            log.debug("journal %s: the replication state cannot be read (%s)", where, type(exc).__name__)
+            return
+        if any(state is None for _, state in rows):
+            log.debug("journal %s: this role may not read the replication state (pg_monitor or pg_read_all_stats "
+                      "lets it); an asynchronous standby would go unnoticed here", where)
+            return
+        lagging = sorted(str(name) or "?" for name, state in rows if state not in ("sync", "quorum"))
+        if lagging:
+            log.warning(
+                "journal %s: the server streams to %d standby(s) asynchronously (%s). A failover to one loses the "
+                "last commits: the journal goes back in time, and runs are refused until someone decides "
+                "(on_journal_behind, SPEC §13). Fix: synchronous replication (synchronous_standby_names naming "
+                "the standby, synchronous_commit on or remote_apply).", where, len(lagging), ", ".join(lagging))
 
     # -- opening ------------------------------------------------------------------------------
 

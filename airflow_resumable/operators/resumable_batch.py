@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowException
 
 from airflow_resumable._compat import airflow_fail_exception, store_forever
 from airflow_resumable._location import (
+    HIGH_WATER_STORE_KEY,
     RESOLVE_DAG_ID,
     STARTED_STORE_KEY,
     STATE_STORE_KEY,
@@ -28,10 +29,11 @@ from airflow_resumable._location import (
     default_durability,
     default_job_id,
     default_max_attempts,
+    default_on_journal_behind,
     default_settle_in_task,
 )
-from airflow_resumable._metrics import emit_batch_metrics
-from airflow_resumable.exceptions import ResumableError
+from airflow_resumable._metrics import emit_batch_metrics, emit_journal_behind
+from airflow_resumable.exceptions import JournalBehindError, ResumableError
 from airflow_resumable.hooks.journal import ResumableJournalHook
 from airflow_resumable.journal import HeldReason, StepJournal
 from airflow_resumable.journal.backend import checked_durability
@@ -47,6 +49,7 @@ from airflow_resumable.runner import (
     run_batch,
 )
 from airflow_resumable.runner.drivers import check_concurrency, check_progress_interval
+from airflow_resumable.runner.high_water import check_on_journal_behind
 from airflow_resumable.runner.settle import check_limit_key
 
 if TYPE_CHECKING:
@@ -135,6 +138,13 @@ class ResumableBatchOperator(BaseOperator):
         (mapped tasks, other DAGs: one limit for the fleet). Templated.
     :param idempotent: the receiver dedupes ``notify`` by its idempotency key for at least the job's
         lifetime: an unknown outcome is sent again with the same key instead of looked up or held.
+    :param on_journal_behind: what to do when the journal has fewer IN_FLIGHT marks for the job than the
+        high-water mark kept in the task state store (SPEC §13: the journal was restored, copied, or failed
+        over to a standby that had not received everything). ``"refuse"``: fail with
+        :class:`~airflow_resumable.exceptions.JournalBehindError`, sending nothing. ``"verify"``: every send
+        the journal has no record of asks ``verify`` first (a step without one is held); a try that goes
+        through the whole batch re-bases the mark. Default ``[resumable] on_journal_behind``, else
+        ``"refuse"``. Airflow >= 3.3 (the task state store); on older Airflow there is no mark and no check.
     """
 
     template_fields: Sequence[str] = ("items", "job_id", "batch_task_id", "limit_key")
@@ -167,6 +177,7 @@ class ResumableBatchOperator(BaseOperator):
         max_sends_per_second: float | None = None,
         limit_key: str | None = None,
         idempotent: bool = False,
+        on_journal_behind: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -205,6 +216,11 @@ class ResumableBatchOperator(BaseOperator):
                 Settlement(max_attempts=max_attempts)
             except ValueError as exc:
                 raise ValueError(f"{self.task_id}: {exc}") from None
+        if on_journal_behind is not None:
+            try:
+                check_on_journal_behind(on_journal_behind)
+            except ValueError as exc:
+                raise ValueError(f"{self.task_id}: {exc}") from None
         if on_held not in ("fail", "succeed"):
             raise ValueError(f"{self.task_id}: on_held must be 'fail' or 'succeed', not {on_held!r}")
         if durability is not None:
@@ -223,6 +239,7 @@ class ResumableBatchOperator(BaseOperator):
         self.settle_in_task = settle_in_task
         self.max_attempts = max_attempts
         self.limit_key = limit_key
+        self.on_journal_behind = on_journal_behind
         try:
             self.concurrency = check_concurrency(concurrency)
             self.progress_interval = check_progress_interval(progress_interval)
@@ -312,9 +329,14 @@ class ResumableBatchOperator(BaseOperator):
             # The first try to start after the store was empty keeps its number: only a mark written by
             # try 1 proves that no earlier try ran under a state Airflow has since dropped.
             store_forever(store, STARTED_STORE_KEY, {"try": context["ti"].try_number, "host": hostname})
+        on_behind = self.on_journal_behind or default_on_journal_behind()
         with self.hook.get_conn() as journal:
             self._guard_worker(context, journal, job_id, hostname, started=started, continued_in=continued_in)
             self.log.info("Resumable job %s: journal %s, on %s", job_id, journal.location, hostname)
+            if store is None:
+                self.log.warning("High-water mark off: this Airflow has no task state store (Airflow >= 3.3), so a "
+                                 "journal restored from a backup or failed over to a standby that had not received "
+                                 "everything is not detected (SPEC §13)")
             self._last_progress: BatchProgress | None = None
             try:
                 result = run_batch(
@@ -323,6 +345,7 @@ class ResumableBatchOperator(BaseOperator):
                     progress_interval=self.progress_interval,
                     runner=f"{context['ti'].dag_id}.{context['ti'].task_id} try {context['ti'].try_number}",
                     stop=self._stop, dag_id=context["ti"].dag_id, settle_in_task=self._settlement(),
+                    high_water=None if store is None else _TaskStateMarks(store), on_journal_behind=on_behind,
                 )
             except BatchStopped:
                 asked = self.__dict__.get("_stop_asked_at")
@@ -334,7 +357,9 @@ class ResumableBatchOperator(BaseOperator):
                     emit_batch_metrics(self._last_progress, dag_id=context["ti"].dag_id,
                                        task_id=context["ti"].task_id)
                 raise
-            except BaseException:
+            except BaseException as exc:
+                if isinstance(exc, JournalBehindError):  # refused before any send: what on-call alerts on
+                    emit_journal_behind(dag_id=context["ti"].dag_id, task_id=context["ti"].task_id)
                 # A step failed: this try's counters still count (the runner reported how far it got).
                 if self._last_progress is not None:
                     emit_batch_metrics(self._last_progress, dag_id=context["ti"].dag_id,
@@ -494,7 +519,25 @@ def _summary(result: BatchResult, journal: StepJournal, hostname: str) -> dict[s
             {"item_id": h.item_id, "step": h.step, "reason": h.reason.value} for h in result.held[:HELD_IN_SUMMARY]
         ],
         "held_truncated": len(result.held) > HELD_IN_SUMMARY,
+        "journal_marks": journal.marks(result.job_id),  # the job's IN_FLIGHT marks in the journal (SPEC §13)
     }
+
+
+class _TaskStateMarks:
+    """The high-water mark (SPEC §13) kept in the task instance's ``task_state_store``: per task instance,
+    kept through retries and Clear, never expiring - but wiped with the rest of the task's state by
+    ``[state_store] clear_on_success`` when a try succeeds: a Clear after that starts without a mark (the
+    check starts again from the journal's count)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+    def read(self) -> dict[str, Any] | None:
+        value = self.store.get(HIGH_WATER_STORE_KEY)
+        return value if isinstance(value, dict) else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        store_forever(self.store, HIGH_WATER_STORE_KEY, record)
 
 
 def held_items_error(result: BatchResult, steps: Sequence[Step]) -> HeldItemsError:

@@ -8,10 +8,12 @@ holds across tries and processes.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import sqlite3
 from pathlib import Path
 
-from airflow_resumable.runner import Step
+from airflow_resumable.runner import NOT_DELIVERED, Step
 from tests.support.receivers import AcceptedThenLost, DurableReceiver, RefusedBeforeAccept
 
 
@@ -63,7 +65,24 @@ def _switch_shared_journal() -> None:
     os.environ["AIRFLOW_CONN_RESUMABLE_JOURNAL"] = os.environ["RESUMABLE_TEST_OTHER_JOURNAL_CONN"]
 
 
+def _back_up_journal() -> None:
+    """A file-level backup of this host's journal (its file, -wal and -shm), taken now: what a restore
+    brings back (SPEC §13)."""
+    journal = os.environ["AIRFLOW__RESUMABLE__JOURNAL_PATH"]
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(journal + suffix):
+            shutil.copyfile(journal + suffix, journal + ".backup" + suffix)
+
+
 def notify(item, ctx):
+    if _fire(ctx.item_id, "back_up_journal"):
+        _back_up_journal()  # this send's mark is committed, the send not made yet
+    if _fire(ctx.item_id, "cut_off_standby"):  # the asynchronous standby stops here (this mark included)
+        from tests.support.postgres_server import catch_up_and_cut_off
+
+        catch_up_and_cut_off(os.environ["RESUMABLE_TEST_PRIMARY_URL"], os.environ["RESUMABLE_TEST_STANDBY_URL"])
+    if _fire(ctx.item_id, "sigkill"):
+        os.kill(os.getpid(), signal.SIGKILL)  # the runner dies before this send
     if _fire(ctx.item_id, "before_accept"):
         raise RefusedBeforeAccept()
     if _fire(ctx.item_id, "switch_journal"):
@@ -84,6 +103,12 @@ def verify(ctx):
     if os.path.exists(os.environ["RESUMABLE_TEST_RECEIVER"] + ".lookup-off"):
         return None
     return receiver().lookup(ctx.idempotency_key)
+
+
+def verify_three_way(ctx):
+    """The receiver's look-up as an authoritative one: it records a delivery before it answers, so an
+    unknown key was never delivered."""
+    return receiver().lookup(ctx.idempotency_key) or NOT_DELIVERED
 
 
 def steps(with_verify: bool) -> list[Step]:

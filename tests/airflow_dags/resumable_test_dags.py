@@ -5,7 +5,17 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 
-from _article import items, items_bad_once, notify, steps, transform, unblock_journal, validate, verify
+from _article import (
+    items,
+    items_bad_once,
+    notify,
+    steps,
+    transform,
+    unblock_journal,
+    validate,
+    verify,
+    verify_three_way,
+)
 from airflow.sdk import DAG
 
 from airflow_resumable._compat import airflow_version
@@ -119,3 +129,12 @@ _limited = HttpReceiver("limited", timeout=30)
 with DAG("paced_limit", schedule=None, start_date=start, catchup=False, default_args={"retries": 0}):
     ResumableBatchOperator(task_id="send", items=[{"id": f"item-{n:03d}"} for n in range(300)],
                            notify=_limited.notify, verify=_limited.verify, concurrency=8)
+
+# SPEC §13: 200 items whose journal a test restores from a backup; the look-up is authoritative.
+with DAG("journal_behind", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(200), validate=validate, transform=transform, notify=notify,
+                           verify=verify_three_way, settle_in_task=False)
+
+with DAG("journal_behind_shared", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
+    ResumableBatchOperator(task_id="send", items=items(200), validate=validate, transform=transform, notify=notify,
+                           verify=verify_three_way, settle_in_task=False, journal_conn_id="resumable_journal")

@@ -68,6 +68,33 @@ class PostgresCluster:
                 hba.write("host all all 0.0.0.0/0 trust\n")
         self.start()
 
+    @classmethod
+    def standby_of(cls, primary: PostgresCluster) -> PostgresCluster:
+        """A streaming standby of ``primary`` (``pg_basebackup -R``: asynchronous, as a replica is by
+        default), started on a port of its own."""
+        self = cls.__new__(cls)
+        self.bindir, self.host, self.listen = primary.bindir, primary.host, primary.listen
+        self.root = Path(tempfile.mkdtemp(prefix="resumable-pg-standby-"))
+        self.data = self.root / "data"
+        self.port = free_port()
+        self._as_postgres = primary._as_postgres
+        if self._as_postgres:
+            entry = pwd.getpwnam("postgres")
+            os.chown(self.root, entry.pw_uid, entry.pw_gid)
+        self._run("pg_basebackup", "-h", primary.host, "-p", str(primary.port), "-U", "postgres", "-D",
+                  str(self.data), "-R", "-X", "stream", "-c", "fast")
+        with open(self.data / "postgresql.conf", "a", encoding="utf-8") as conf:  # later lines win
+            conf.write(f"port = {self.port}\nunix_socket_directories = '{self.root}'\n")
+        self.start()
+        return self
+
+    def promote(self) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "promote")
+
+    def kill(self) -> None:
+        """Stop the server as a crash would (``pg_ctl stop -m immediate``), and leave it stopped."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+
     def _run(self, tool: str, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         cmd = [str(self.bindir / tool), *args]
         if self._as_postgres:
@@ -126,6 +153,24 @@ def create_database(admin_url: str) -> str:
     extra = {k: v for k, v in params.items() if k not in ("user", "password", "host", "port", "dbname")}
     query = ("?" + "&".join(f"{k}={v}" for k, v in extra.items())) if extra else ""
     return f"postgresql://{user}{password}{'@' if user else ''}{host}{port}/{name}{query}"
+
+
+def catch_up_and_cut_off(primary_url: str, standby_url: str, timeout: float = 60.0) -> None:
+    """Wait until the standby has replayed everything the primary has written so far, then cut it off
+    (its WAL receiver pointed at a port nobody listens on): what it has is what a promotion keeps."""
+    import psycopg
+
+    with psycopg.connect(primary_url, autocommit=True) as primary:
+        target = primary.execute("SELECT pg_current_wal_lsn()").fetchone()[0]
+    with psycopg.connect(standby_url, autocommit=True) as standby:
+        caught_up = wait_until(lambda: standby.execute(
+            "SELECT pg_last_wal_replay_lsn() >= %s::pg_lsn", (str(target),)).fetchone()[0], timeout)
+        assert caught_up, "the standby did not catch up"
+        standby.execute("ALTER SYSTEM SET primary_conninfo = 'host=127.0.0.1 port=1 user=postgres'")
+        standby.execute("SELECT pg_reload_conf()")
+        assert wait_until(lambda: standby.execute(
+            "SELECT count(*) FROM pg_stat_wal_receiver WHERE status = 'streaming'").fetchone()[0] == 0, timeout), (
+            "the standby still streams")
 
 
 def wait_until(predicate, timeout: float, interval: float = 0.05) -> bool:

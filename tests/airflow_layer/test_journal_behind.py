@@ -1,0 +1,166 @@
+"""A journal that went back in time, under real Airflow (SPEC §13): ``airflow dags test``, a SIGKILLed
+try, the journal restored from a file-level backup, then a Clear.
+
+200 items to a receiver that counts every delivery per idempotency key (no dedupe); the backup is taken
+while item 82's mark is committed and its send not yet made; the runner is SIGKILLed before item 151
+(150 delivered). On Airflow >= 3.3 the high-water mark in the task state store refuses the Clear, and
+``[resumable] on_journal_behind = verify`` completes it with nothing sent twice and nothing lost. Before
+3.3 there is no task state store: the check is off, and the task log says so.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from airflow_resumable._compat import airflow_version
+from airflow_resumable.journal import StepJournal
+from tests.airflow_layer.test_airflow_layer import arm, output, receiver
+from tests.airflow_layer.test_metrics_and_link import StatsdSink, metrics_env
+
+pytestmark = [pytest.mark.airflow, pytest.mark.compat]
+
+DAG_ID = "journal_behind"
+ITEMS = [f"item-{i:03d}" for i in range(1, 201)]
+
+
+def restore_backup(journal: Path) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{journal}{suffix}").unlink(missing_ok=True)
+        backup = Path(f"{journal}.backup{suffix}")
+        if backup.exists():
+            shutil.copyfile(backup, f"{journal}{suffix}")
+    journal.chmod(0o600)
+
+
+def clear_and_rerun(airflow, run_id: str, *, after_a_kill: bool = False):
+    # A task instance whose runner was SIGKILLed still reads "running" (no supervisor watched it under
+    # `dags test`): a Clear makes it "restarting", a second one clears it for the next try.
+    for _ in range(2 if after_a_kill else 1):
+        assert airflow.run("tasks", "clear", DAG_ID, "-t", "send", "-y").returncode == 0, output(airflow)
+    return airflow.rerun(DAG_ID, run_id)
+
+
+@pytest.fixture
+def statsd_sink():
+    sink = StatsdSink()
+    yield sink
+    sink.close()
+
+
+def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_twice(airflow, statsd_sink):
+    metrics_env(airflow, statsd_sink.port)
+    arm(airflow, "item-082", "back_up_journal")
+    arm(airflow, "item-151", "sigkill")
+    first = airflow.dags_test(DAG_ID)
+    assert first.returncode != 0, "the try was to be SIGKILLed"
+    run_id = airflow.last_run_id(DAG_ID)
+    delivered = receiver(airflow).counts()
+    assert sorted(delivered) == ITEMS[:150] and set(delivered.values()) == {1}
+    restore_backup(airflow.journal)
+    with StepJournal(airflow.journal) as journal:
+        (job,) = journal.jobs()
+        assert journal.marks(job.job_id) == 82  # items 1-82 marked, 1-81 done: the backup's moment
+
+    behind = clear_and_rerun(airflow, run_id, after_a_kill=True)
+    log = output(airflow)
+    if airflow_version() < (3, 3):
+        # No task state store: nothing outside the journal remembers, and the task log says so.
+        assert "High-water mark off" in log and "Airflow >= 3.3" in log, log[-3000:]
+        assert behind.returncode == 0, log[-5000:]
+        assert receiver(airflow).duplicates() > 0  # what the check prevents on 3.3
+        return
+    assert behind.returncode != 0, log[-5000:]
+    assert "JournalBehindError" in log and "is behind" in log and "82 IN_FLIGHT mark(s)" in log, log[-5000:]
+    assert "on_journal_behind='verify'" in log
+    assert receiver(airflow).counts() == delivered  # nothing sent
+    assert statsd_sink.counters("airflow.resumable.")["journal_behind"] == [1]
+
+    airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"] = "verify"  # on-call's switch, no DAG edit
+    settled = clear_and_rerun(airflow, run_id)
+    log = output(airflow)
+    assert settled.returncode == 0, log[-5000:]
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ITEMS and set(counts.values()) == {1}, "a duplicate or a lost item"
+    summary = airflow.xcom(DAG_ID, "send", key="resumable_summary", run_id=run_id)
+    # Items 83-150: delivered, forgotten by the restored journal, found at the receiver instead of sent.
+    assert summary["verified_steps"] >= 68 and summary["status"] == "completed", summary
+
+    # Re-based: a Clear without the switch is not refused and sends nothing.
+    del airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"]
+    again = clear_and_rerun(airflow, run_id)
+    assert again.returncode == 0, output(airflow)[-5000:]
+    assert receiver(airflow).counts() == counts
+
+
+@pytest.fixture
+def primary_and_standby():
+    """Two real clusters: a primary and its asynchronous streaming standby (``pg_basebackup -R``)."""
+    import os
+
+    from tests.support.postgres_server import HOW_TO_ENABLE, PostgresCluster, server_bindir
+
+    bindir = server_bindir()
+    if bindir is None:
+        if os.environ.get("CI"):
+            pytest.fail("CI must run the PostgreSQL tests. " + HOW_TO_ENABLE)
+        pytest.skip(HOW_TO_ENABLE)
+    primary = PostgresCluster(bindir)
+    standby = None
+    try:
+        database = primary.new_database().rsplit("/", 1)[1]
+        standby = PostgresCluster.standby_of(primary)
+        yield primary, standby, database
+    finally:
+        for cluster in (standby, primary):
+            if cluster is not None:
+                cluster.destroy()
+
+
+@pytest.mark.postgres_server
+def test_a_promoted_asynchronous_standby_is_refused_then_verify_completes_with_nothing_sent_twice(
+    airflow, primary_and_standby
+):
+    from tests.airflow_layer.test_airflow_shared_journal import connection, use_shared_journal
+
+    primary, standby, database = primary_and_standby
+    use_shared_journal(airflow, primary.url(database))
+    airflow.env["RESUMABLE_TEST_PRIMARY_URL"] = primary.url(database)
+    airflow.env["RESUMABLE_TEST_STANDBY_URL"] = standby.url(database)
+    dag_id = "journal_behind_shared"
+    arm(airflow, "item-082", "cut_off_standby")
+    arm(airflow, "item-151", "sigkill")
+    assert airflow.dags_test(dag_id).returncode != 0, "the try was to be SIGKILLed"
+    log = output(airflow)
+    assert "streams to 1 standby(s) asynchronously" in log and "synchronous_standby_names" in log, log[-5000:]
+    run_id = airflow.last_run_id(dag_id)
+    delivered = receiver(airflow).counts()
+    assert sorted(delivered) == ITEMS[:150] and set(delivered.values()) == {1}
+
+    primary.kill()  # the primary is lost; the standby, cut off at item 82, is promoted
+    standby.promote()
+    airflow.env["AIRFLOW_CONN_RESUMABLE_JOURNAL"] = connection(standby.url(database))
+    with StepJournal(standby.url(database)) as journal:
+        (job,) = journal.jobs()
+        assert journal.marks(job.job_id) == 82
+
+    def clear_and_rerun_shared(*, after_a_kill: bool = False):
+        for _ in range(2 if after_a_kill else 1):
+            assert airflow.run("tasks", "clear", dag_id, "-t", "send", "-y").returncode == 0, output(airflow)
+        return airflow.rerun(dag_id, run_id)
+
+    refused = clear_and_rerun_shared(after_a_kill=True)
+    log = output(airflow)
+    if airflow_version() < (3, 3):
+        assert "High-water mark off" in log and refused.returncode == 0, log[-5000:]
+        assert receiver(airflow).duplicates() > 0  # what the check prevents on 3.3
+        return
+    assert refused.returncode != 0 and "JournalBehindError" in log and "82 IN_FLIGHT mark(s)" in log, log[-5000:]
+    assert receiver(airflow).counts() == delivered  # nothing sent
+
+    airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"] = "verify"
+    assert clear_and_rerun_shared().returncode == 0, output(airflow)[-5000:]
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ITEMS and set(counts.values()) == {1}, "a duplicate or a lost item"
