@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SECTIONS = ("article", "first_run", "overhead_normal", "overhead_full", "memory", "peer", "concurrency", "journal_cost",
             "peer_postgres", "concurrency_postgres", "journal_cost_postgres", "scaleout_postgres", "journal_size",
-            "journal_size_postgres", "pace")
+            "journal_size_postgres", "pace", "high_water")
 
 # The journal-size sections' sizes (benchmarks.journal_size). jobs_small is above the pages' 100, so
 # both journals fill every page and the ratios are about the journal, not about what a page shows.
@@ -64,6 +64,8 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "journal_size_postgres": JOURNAL_SIZE,
         # Behind nginx: 1,500 sends at 100/s (15 s), 6,000 at 1,000/s; settlement on / off, twice each.
         "pace": {"n100": 1_500, "n1000": 6_000, "n_cost": 3_000, "reps": 2},
+        # SPEC §13's mark in a store as slow as the task state store, against main before it (3 sides, 5 times).
+        "high_water": {"n": 20_000, "reps": 5},
     },
     "quick": {
         "article": {"trials": 2},
@@ -81,6 +83,7 @@ SIZES: dict[str, dict[str, dict[str, int]]] = {
         "journal_size": JOURNAL_SIZE_QUICK,
         "journal_size_postgres": JOURNAL_SIZE_QUICK,
         "pace": {"n100": 200, "n1000": 500, "n_cost": 300, "reps": 1},
+        "high_water": {"n": 2_000, "reps": 1},
     },
 }
 
@@ -132,6 +135,10 @@ def run_section(name: str, params: dict[str, int]) -> dict[str, Any]:
         from benchmarks import scaleout
 
         return scaleout.measure(params["n"], processes=params["processes"], reps=params["reps"])
+    if name == "high_water":
+        from benchmarks import high_water
+
+        return high_water.measure(params["n"], params["reps"])
     if name == "pace":
         from benchmarks import pace
 

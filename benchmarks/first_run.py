@@ -42,10 +42,10 @@ print(json.dumps({"us_per_item": (seconds - bare) / n * 1e6, "code": airflow_res
 """
 
 
-def _reference_tree(into: Path) -> Path | None:
+def _reference_tree(into: Path, reference: str = REFERENCE) -> Path | None:
     """The reference's package, taken out of this checkout's git history; None without git or history."""
     try:
-        archive = subprocess.run(["git", "-C", str(REPO), "archive", REFERENCE, "airflow_resumable"],
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", reference, "airflow_resumable"],
                                  capture_output=True, check=True, timeout=60).stdout
     except (OSError, subprocess.SubprocessError):
         return None
@@ -54,9 +54,9 @@ def _reference_tree(into: Path) -> Path | None:
     return into
 
 
-def _one_run(code_root: Path, n: int) -> dict[str, Any]:
+def _one_run(code_root: Path, n: int, child: str = _CHILD, *args: str) -> dict[str, Any]:
     env = os.environ | {"PYTHONPATH": os.pathsep.join([str(code_root), str(REPO)])}
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(n)], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-c", child, str(n), *args], capture_output=True, text=True, env=env,
                           check=False, timeout=600, cwd=code_root)
     if done.returncode != 0:
         raise RuntimeError(f"the first-run child failed ({code_root}): {done.stderr[-2000:]}")

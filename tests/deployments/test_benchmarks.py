@@ -79,6 +79,9 @@ def test_every_section_reports_a_figure_or_says_why_not(quick_results):
     first = sections["first_run"]  # both sides ran, each from its own code (the section checks where from)
     assert ("ratio" in first and first["n"] == 200 and len(first["reference_runs_us"]) == 1) or (
         "no git history" in first["skipped"])
+    mark = sections["high_water"]  # three sides: main before the mark, this code without and with it
+    assert ("ratio" in mark and mark["n"] == 200 and mark["writes_per_run"] >= 2
+            and all(len(runs) == 1 for runs in mark["runs_us"].values())) or "no git history" in mark["skipped"]
     results = {t["figure"].split(" (")[0]: t["result"] for t in quick_results["targets"]}
     assert set(results.values()) <= {"PASS", "FAIL", "SKIP", "INFO"}
     assert all(line.startswith("[") for line in report.text_table(report.rows(sections)).splitlines())
