@@ -137,6 +137,9 @@ def build_parser() -> argparse.ArgumentParser:
                                   "read shows them as it showed their rows)")
     compact.add_argument("--older-than", type=_duration, default=timedelta(hours=1),
                          help=DURATION_HELP + " Default 1h.")
+    marks = add("marks", help="a job's IN_FLIGHT marks in the journal beside the high-water mark Airflow keeps "
+                              "(a journal restored or failed over is behind it: SPEC section 13)")
+    marks.add_argument("job_id")
     export = add("export", help="a job's rows as JSON or CSV (all of them, streamed)")
     export.add_argument("job_id")
     export.add_argument("--format", choices=["json", "csv"], default="json")

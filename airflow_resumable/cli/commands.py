@@ -20,7 +20,7 @@ from airflow_resumable.cli.paging import each, print_listing
 from airflow_resumable.exceptions import JournalError
 from airflow_resumable.journal import SCHEMA_VERSION, StepJournal, is_postgres_url, migrate
 
-READ_COMMANDS = ("jobs", "show", "held", "audit", "export")
+READ_COMMANDS = ("jobs", "show", "held", "audit", "export", "marks")
 # What a table shows of a decision just applied (resolve, resolve --file, resolve-input).
 RESOLUTION_COLUMNS = ["job_id", "item_id", "step", "decision", "resolved_by", "resolved_at"]
 
@@ -135,6 +135,8 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         else:
             out.write(f"compacted {sum(compacted.values())} item(s) of {len(compacted)} job(s)"
                       + "".join(f"\n  {printable(j)}: {n}" for j, n in compacted.items()) + "\n")
+    elif args.command == "marks":
+        print_marks(out, args, journal)
     elif args.command == "export":  # streamed: a page in memory at a time, however big the job
         exported = (plain(r) for r in each(functools.partial(journal.rows, args.job_id)))
         if args.format == "json":
@@ -142,3 +144,43 @@ def dispatch(args: argparse.Namespace, journal: StepJournal, out: Any) -> int:
         else:
             write_csv(out, exported)
     return 0
+
+
+def print_marks(out: Any, args: argparse.Namespace, journal: StepJournal) -> None:
+    """A job's IN_FLIGHT marks in the journal beside the high-water marks Airflow keeps for it (SPEC §13)."""
+    import dataclasses
+
+    from airflow_resumable._stored_marks import stored_marks
+
+    if journal.job(args.job_id) is None:
+        raise JournalError(f"unknown job {args.job_id!r}; list jobs with: airflow-resumable jobs")
+    count = journal.marks(args.job_id)
+    stored = stored_marks(args.job_id)
+    if args.json:
+        out.write(json.dumps({
+            "job_id": args.job_id, "journal_marks": count,
+            "stored": [] if isinstance(stored, str) else [
+                {**dataclasses.asdict(m), "journal_behind": m.behind is not None or count < m.marks} for m in stored],
+            "stored_unavailable": stored if isinstance(stored, str) else None,
+        }) + "\n")
+        return
+    lines = [f"job {printable(args.job_id)}: {count} IN_FLIGHT mark(s) in the journal"]
+    if isinstance(stored, str):
+        lines.append(f"  high-water mark: not readable here - {stored}")
+    elif not stored:
+        lines.append("  high-water mark: none recorded (a job run before 0.3, outside Airflow, on Airflow < 3.3, or "
+                     "[state_store] clear_on_success wiped it)")
+    for m in stored:
+        where = f"{printable(m.dag_id)}.{printable(m.task_id)}" + (f"[{m.map_index}]" if m.map_index >= 0 else "")
+        state = "ok: the journal has every mark recorded"
+        if m.behind is not None or count < m.marks:
+            state = ("the journal is BEHIND: tries are refused (on_journal_behind=verify, then Clear, lets one go on "
+                     "asking the receiver first)")
+            if m.behind is not None:
+                state = (f"the journal was found BEHIND ({m.behind.get('journal_marks')} of "
+                         f"{m.behind.get('stored_marks')}): kept until a try with on_journal_behind=verify finishes")
+        elif m.open:
+            state += "; a window was left open: its items are verified before they are sent"
+        lines.append(f"  high-water mark of {where} (run {printable(m.run_id)}): {m.marks}, recorded {m.at} by "
+                     f"{printable(m.by or '?')} - {state}")
+    out.write("\n".join(lines) + "\n")

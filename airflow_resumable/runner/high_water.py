@@ -82,6 +82,15 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def mark_record(*, journal_id: str, job: str, marks: int, by: str | None, window: Iterable[bytes] = (),
+                open_: bool = False, behind: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A record of the mark as a store keeps it (JSON): the journal's count, and the window's item hashes."""
+    return {
+        "format": RECORD_FORMAT, "journal_id": journal_id, "job": job, "marks": marks, "open": open_,
+        "window": base64.b64encode(b"".join(window)).decode("ascii"), "behind": behind, "at": _now(), "by": by,
+    }
+
+
 class HighWater:
     """One run's side of the high-water mark (see the module's docstring).
 
@@ -223,11 +232,8 @@ class HighWater:
         return max(1, min(wanted, WINDOW_MAX - len(self._live) - len(self.suspects)))
 
     def _record(self, marks: int, window: Iterable[bytes], *, open_: bool) -> dict[str, Any]:
-        return {
-            "format": RECORD_FORMAT, "journal_id": self.journal_id, "job": self.run.job_id, "marks": marks,
-            "open": open_, "window": base64.b64encode(b"".join(window)).decode("ascii"), "behind": self.behind,
-            "at": _now(), "by": self.label,
-        }
+        return mark_record(journal_id=self.journal_id, job=self.run.job_id, marks=marks, by=self.label,
+                           window=window, open_=open_, behind=self.behind)
 
     def _issue(self) -> None:
         ahead = self._ahead()

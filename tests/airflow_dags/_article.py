@@ -74,6 +74,17 @@ def _back_up_journal() -> None:
             shutil.copyfile(journal + suffix, journal + ".backup" + suffix)
 
 
+def restore_journal_backup() -> None:
+    """Bring the backup `_back_up_journal` took back over this host's journal, as a restore does."""
+    journal = os.environ["AIRFLOW__RESUMABLE__JOURNAL_PATH"]
+    for suffix in ("", "-wal", "-shm"):
+        if os.path.exists(journal + suffix):
+            os.unlink(journal + suffix)
+        if os.path.exists(journal + ".backup" + suffix):
+            shutil.copyfile(journal + ".backup" + suffix, journal + suffix)
+    os.chmod(journal, 0o600)
+
+
 def notify(item, ctx):
     if _fire(ctx.item_id, "back_up_journal"):
         _back_up_journal()  # this send's mark is committed, the send not made yet

@@ -9,6 +9,7 @@ from _article import (
     items,
     items_bad_once,
     notify,
+    restore_journal_backup,
     steps,
     transform,
     unblock_journal,
@@ -16,7 +17,7 @@ from _article import (
     verify,
     verify_three_way,
 )
-from airflow.sdk import DAG
+from airflow.sdk import DAG, task
 
 from airflow_resumable._compat import airflow_version
 from airflow_resumable.operators.resolve import ResolveOperator
@@ -138,3 +139,12 @@ with DAG("journal_behind", schedule=None, start_date=start, default_args={"retri
 with DAG("journal_behind_shared", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
     ResumableBatchOperator(task_id="send", items=items(200), validate=validate, transform=transform, notify=notify,
                            verify=verify_three_way, settle_in_task=False, journal_conn_id="resumable_journal")
+
+# A later pass (batch_task_id) whose journal went back after the batch task finished.
+with DAG("journal_behind_two_passes", schedule=None, start_date=start, default_args={"retries": 0}, catchup=False):
+    sent = ResumableBatchOperator(task_id="send", items=items(200), validate=validate, transform=transform,
+                                  notify=notify, verify=verify_three_way, settle_in_task=False)
+    restored = task(task_id="restore_journal")(restore_journal_backup)()
+    again = ResumableBatchOperator(task_id="second_pass", items=items(200), validate=validate, transform=transform,
+                                   notify=notify, verify=verify_three_way, settle_in_task=False, batch_task_id="send")
+    sent >> restored >> again

@@ -10,7 +10,10 @@ while item 82's mark is committed and its send not yet made; the runner is SIGKI
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -33,6 +36,11 @@ def restore_backup(journal: Path) -> None:
         if backup.exists():
             shutil.copyfile(backup, f"{journal}{suffix}")
     journal.chmod(0o600)
+
+
+def cli(airflow, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "airflow_resumable.cli", *args], env=airflow.env,
+                          capture_output=True, text=True, timeout=120)
 
 
 def clear_and_rerun(airflow, run_id: str, *, after_a_kill: bool = False):
@@ -77,6 +85,13 @@ def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_t
     assert "on_journal_behind='verify'" in log
     assert receiver(airflow).counts() == delivered  # nothing sent
     assert statsd_sink.counters("airflow.resumable.")["journal_behind"] == [1]
+    # The CLI shows both counts (the mark read from Airflow's metadata database).
+    shown = cli(airflow, "marks", job.job_id)
+    assert shown.returncode == 0, shown.stderr
+    assert f"job {job.job_id}: 82 IN_FLIGHT mark(s) in the journal" in shown.stdout, shown.stdout
+    assert f"high-water mark of {DAG_ID}.send" in shown.stdout and "the journal is BEHIND" in shown.stdout
+    (stored,) = json.loads(cli(airflow, "--json", "marks", job.job_id).stdout)["stored"]
+    assert stored["marks"] > 82 and stored["journal_behind"] and stored["task_id"] == "send"
 
     airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"] = "verify"  # on-call's switch, no DAG edit
     settled = clear_and_rerun(airflow, run_id)
@@ -88,11 +103,32 @@ def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_t
     # Items 83-150: delivered, forgotten by the restored journal, found at the receiver instead of sent.
     assert summary["verified_steps"] >= 68 and summary["status"] == "completed", summary
 
+    assert "ok: the journal has every mark recorded" in cli(airflow, "marks", job.job_id).stdout
     # Re-based: a Clear without the switch is not refused and sends nothing.
     del airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"]
     again = clear_and_rerun(airflow, run_id)
     assert again.returncode == 0, output(airflow)[-5000:]
     assert receiver(airflow).counts() == counts
+
+
+def test_a_later_pass_whose_journal_went_back_after_the_batch_task_is_refused(airflow):
+    """The second pass (batch_task_id) has no mark of its own yet: it starts from the count the batch
+    task's summary recorded (200 marks), and the journal restored between the passes (82) is refused."""
+    dag_id = "journal_behind_two_passes"
+    arm(airflow, "item-082", "back_up_journal")
+    done = airflow.dags_test(dag_id)
+    log = output(airflow)
+    counts = receiver(airflow).counts()
+    states = airflow.task_states(dag_id)
+    assert states[("send", -1)][0] == "success" and states[("restore_journal", -1)][0] == "success", states
+    if airflow_version() < (3, 3):
+        assert "High-water mark off" in log and done.returncode == 0, log[-5000:]
+        assert receiver(airflow).duplicates() > 0  # what the check prevents on 3.3
+        return
+    assert done.returncode != 0 and states[("second_pass", -1)][0] == "failed", states
+    assert "JournalBehindError" in log and "82 IN_FLIGHT mark(s), but 200 were recorded" in log, log[-5000:]
+    assert "task send (its summary)" in log
+    assert sorted(counts) == ITEMS and set(counts.values()) == {1}  # the second pass sent nothing
 
 
 @pytest.fixture
