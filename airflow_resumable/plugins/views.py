@@ -124,7 +124,22 @@ def jobs_page(
                        status=status, dag_id=dag_id, filtered=bool(status or dag_id), paging=paging)
 
 
-def _job_detail(job: JobSummary, held: Page[StepRecord], resolutions: list[dict[str, Any]]) -> dict[str, Any]:
+def _high_water(journal: StepJournal, job_id: str) -> dict[str, Any]:
+    """The job's IN_FLIGHT marks in the journal beside the marks Airflow keeps for it (SPEC §13)."""
+    from airflow_resumable._stored_marks import stored_marks
+
+    count = journal.marks(job_id)
+    stored = stored_marks(job_id)
+    marks = [] if isinstance(stored, str) else [
+        {"dag_id": m.dag_id, "run_id": m.run_id, "task_id": m.task_id, "map_index": m.map_index, "marks": m.marks,
+         "recorded_at": m.at, "recorded_by": m.by, "window_open": m.open,
+         "journal_behind": m.behind is not None or count < m.marks} for m in stored]
+    return {"journal_marks": count, "stored": marks, "stored_unavailable": stored if isinstance(stored, str) else None,
+            "behind": [m for m in marks if m["journal_behind"]]}
+
+
+def _job_detail(job: JobSummary, held: Page[StepRecord], resolutions: list[dict[str, Any]],
+                high_water: dict[str, Any]) -> dict[str, Any]:
     rows = [row_dict(r) for r in held]
     return {
         "job": job_dict(job),
@@ -133,6 +148,7 @@ def _job_detail(job: JobSummary, held: Page[StepRecord], resolutions: list[dict[
         # The open rows: the held ones (this page of them) and the unresolved sends.
         "open_rows": rows, "open_rows_total": job.held + job.unresolved,
         "resolutions": resolutions,
+        "high_water": high_water,  # a journal restored or failed over is behind a mark: its tries are refused
     }
 
 
@@ -144,7 +160,7 @@ def job_json(job_id: str, viewer: ViewerDep, paging: PagingDep) -> dict[str, Any
         job = readable_job(journal, job_id, viewer)
         assert journal is not None
         return _job_detail(job, held_records(journal, job_id, limit=paging.limit, cursor=paging.cursor),
-                           latest_resolutions(journal, job_id))
+                           latest_resolutions(journal, job_id), _high_water(journal, job_id))
 
 
 @router.get("/jobs/{job_id:path}", response_class=HTMLResponse)
@@ -153,7 +169,7 @@ def job_page(request: Request, job_id: str, viewer: ViewerDep, paging: PagingDep
         job = readable_job(journal, job_id, viewer)
         assert journal is not None
         held = held_records(journal, job_id, limit=paging.limit, cursor=paging.cursor)
-        detail = _job_detail(job, held, latest_resolutions(journal, job_id))
+        detail = _job_detail(job, held, latest_resolutions(journal, job_id), _high_water(journal, job_id))
     for row in detail["held"]:
         row["decisions"] = DECISIONS_BY_REASON[HeldReason(row["held_reason"])]
     links = page_links(app_prefix(request) + job_path(job_id), paging, held.next_cursor)

@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -22,6 +23,7 @@ from airflow_resumable._compat import airflow_version
 from airflow_resumable.journal import StepJournal
 from tests.airflow_layer.test_airflow_layer import arm, output, receiver
 from tests.airflow_layer.test_metrics_and_link import StatsdSink, metrics_env
+from tests.support import airflow_server
 
 pytestmark = [pytest.mark.airflow, pytest.mark.compat]
 
@@ -41,6 +43,25 @@ def restore_backup(journal: Path) -> None:
 def cli(airflow, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "airflow_resumable.cli", *args], env=airflow.env,
                           capture_output=True, text=True, timeout=120)
+
+
+def page_says_behind(airflow, job_id: str, stored: int) -> None:
+    """The Resumable jobs page, served by a real API server on this Airflow home, says the job is refused."""
+    port = airflow_server.free_port()
+    env = airflow_server.server_env(airflow.env, airflow.home, port)
+    server = airflow_server.start(["api-server", "--port", str(port), "--host", "127.0.0.1", "--workers", "1"], env,
+                                  f"http://127.0.0.1:{port}", airflow.home / "api-server.log")
+    try:
+        token = airflow_server.token(server.url)
+        detail = airflow_server.api(f"{server.url}/resumable/api/jobs/{quote(job_id, safe='')}", token)
+        assert detail["high_water"]["journal_marks"] == 82, detail["high_water"]
+        (behind,) = detail["high_water"]["behind"]
+        assert (behind["marks"], behind["task_id"]) == (stored, "send")
+        status, _, page = airflow_server.get(f"{server.url}/resumable/jobs/{quote(job_id, safe='')}", bearer=token,
+                                             accept="text/html")
+        assert status == 200 and "The journal is behind." in page and f"recorded {stored}" in page, page[-3000:]
+    finally:
+        server.stop()
 
 
 def clear_and_rerun(airflow, run_id: str, *, after_a_kill: bool = False):
@@ -92,6 +113,7 @@ def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_t
     assert f"high-water mark of {DAG_ID}.send" in shown.stdout and "the journal is BEHIND" in shown.stdout
     (stored,) = json.loads(cli(airflow, "--json", "marks", job.job_id).stdout)["stored"]
     assert stored["marks"] > 82 and stored["journal_behind"] and stored["task_id"] == "send"
+    page_says_behind(airflow, job.job_id, stored["marks"])
 
     airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"] = "verify"  # on-call's switch, no DAG edit
     settled = clear_and_rerun(airflow, run_id)
