@@ -222,3 +222,36 @@ def test_a_promoted_asynchronous_standby_is_refused_then_verify_completes_with_n
     assert clear_and_rerun_shared().returncode == 0, output(airflow)[-5000:]
     counts = receiver(airflow).counts()
     assert sorted(counts) == ITEMS and set(counts.values()) == {1}, "a duplicate or a lost item"
+
+
+@pytest.mark.postgres_server
+def test_an_asynchronous_standby_is_named_once_and_a_role_that_cannot_see_it_is_told_at_debug_level(
+    primary_and_standby, caplog
+):
+    import logging
+
+    import psycopg
+
+    from tests.support.postgres_server import wait_until
+
+    primary, _, database = primary_and_standby
+    url = primary.url(database)
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert wait_until(lambda: conn.execute("SELECT count(*) FROM pg_stat_replication").fetchone()[0] == 1, 60)
+    caplog.set_level(logging.DEBUG, logger="airflow_resumable.journal.postgres")
+    for _ in range(2):  # once per server and process
+        with StepJournal(url):
+            pass
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "streams to 1 standby(s) asynchronously" in warnings[0], warnings
+    assert "synchronous_standby_names" in warnings[0]
+
+    with psycopg.connect(url, autocommit=True) as conn:  # a role without pg_monitor: it sees no replication state
+        conn.execute("CREATE ROLE plain LOGIN")
+        conn.execute("GRANT USAGE ON SCHEMA resumable TO plain")
+        conn.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA resumable TO plain")
+    caplog.clear()
+    with StepJournal(url.replace("postgres@", "plain@")):
+        pass
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("may not read the replication state" in r.getMessage() for r in caplog.records if r.levelno == logging.DEBUG)

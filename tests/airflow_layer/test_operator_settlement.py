@@ -28,6 +28,7 @@ def task(**options):
     ({"limit_key": "crm"}, "send: limit_key shares a rate: give max_sends_per_second too"),
     ({"settle_in_task": "no"}, "send: settle_in_task must be True or False"),
     ({"idempotent": 1}, "idempotent must be True or False"),
+    ({"on_journal_behind": "ignore"}, "send: on_journal_behind must be one of 'refuse', 'verify', got 'ignore'"),
 ])
 def test_bad_options_are_refused_when_the_dag_is_parsed(options, message):
     with pytest.raises(ValueError, match=message):
@@ -62,3 +63,14 @@ def test_a_templated_limit_key_joins_the_notify_step_once_rendered():
     op.limit_key = " "  # rendered to nothing usable: refused when the task runs, before anything is sent
     with pytest.raises(ValueError, match="send: step 'notify': limit_key must be non-empty text"):
         op._steps()
+
+
+def test_on_journal_behind_comes_from_the_config_and_a_bad_value_is_refused(monkeypatch):
+    from airflow_resumable._location import default_on_journal_behind
+
+    assert default_on_journal_behind() == "refuse"
+    monkeypatch.setenv("AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND", "Verify")
+    assert default_on_journal_behind() == "verify"
+    monkeypatch.setenv("AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND", "skip")
+    with pytest.raises(JournalConfigError, match=r"\[resumable\] on_journal_behind must be refuse or verify"):
+        default_on_journal_behind()
