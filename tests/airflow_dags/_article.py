@@ -11,6 +11,7 @@ import os
 import shutil
 import signal
 import sqlite3
+import threading
 from pathlib import Path
 
 from airflow_resumable.runner import NOT_DELIVERED, Step
@@ -65,13 +66,28 @@ def _switch_shared_journal() -> None:
     os.environ["AIRFLOW_CONN_RESUMABLE_JOURNAL"] = os.environ["RESUMABLE_TEST_OTHER_JOURNAL_CONN"]
 
 
-def _back_up_journal() -> None:
-    """A file-level backup of this host's journal (its file, -wal and -shm), taken now: what a restore
-    brings back (SPEC §13)."""
+def _back_up_journal(how: str = "files") -> None:
+    """A backup of this host's journal, taken now: what a restore brings back (SPEC §13). ``files``: its
+    file, -wal and -shm copied; ``api``: SQLite's online backup API; ``live``: the files copied by a thread
+    while the run goes on."""
     journal = os.environ["AIRFLOW__RESUMABLE__JOURNAL_PATH"]
-    for suffix in ("", "-wal", "-shm"):
-        if os.path.exists(journal + suffix):
-            shutil.copyfile(journal + suffix, journal + ".backup" + suffix)
+
+    def copy_files() -> None:
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(journal + suffix):
+                shutil.copyfile(journal + suffix, journal + ".backup" + suffix)
+
+    if how == "api":
+        source, target = sqlite3.connect(journal), sqlite3.connect(journal + ".backup")
+        try:
+            source.backup(target)
+        finally:
+            source.close()
+            target.close()
+    elif how == "live":
+        threading.Thread(target=copy_files).start()  # the run does not wait for it
+    else:
+        copy_files()
 
 
 def restore_journal_backup() -> None:
@@ -86,8 +102,9 @@ def restore_journal_backup() -> None:
 
 
 def notify(item, ctx):
-    if _fire(ctx.item_id, "back_up_journal"):
-        _back_up_journal()  # this send's mark is committed, the send not made yet
+    for how in ("files", "api", "live"):
+        if _fire(ctx.item_id, f"back_up_journal_{how}"):
+            _back_up_journal(how)  # this send's mark is committed, the send not made yet
     if _fire(ctx.item_id, "cut_off_standby"):  # the asynchronous standby stops here (this mark included)
         from tests.support.postgres_server import catch_up_and_cut_off
 

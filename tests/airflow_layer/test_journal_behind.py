@@ -79,9 +79,12 @@ def statsd_sink():
     sink.close()
 
 
-def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_twice(airflow, statsd_sink):
+@pytest.mark.parametrize("how", ["files", "api", "live"])
+def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_twice(airflow, statsd_sink, how):
+    """``how`` the backup was taken: the file, -wal and -shm copied; SQLite's online backup API; the files
+    copied while the runner went on. The page and the CLI are looked at once (``files``)."""
     metrics_env(airflow, statsd_sink.port)
-    arm(airflow, "item-082", "back_up_journal")
+    arm(airflow, "item-082", f"back_up_journal_{how}")
     arm(airflow, "item-151", "sigkill")
     first = airflow.dags_test(DAG_ID)
     assert first.returncode != 0, "the try was to be SIGKILLed"
@@ -91,7 +94,9 @@ def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_t
     restore_backup(airflow.journal)
     with StepJournal(airflow.journal) as journal:
         (job,) = journal.jobs()
-        assert journal.marks(job.job_id) == 82  # items 1-82 marked, 1-81 done: the backup's moment
+        kept = journal.marks(job.job_id)
+    # Items 1-82 marked, 1-81 done: the backup's moment (a copy made beside the run may end a little later).
+    assert (kept == 82) if how != "live" else (82 <= kept < 150), kept
 
     behind = clear_and_rerun(airflow, run_id, after_a_kill=True)
     log = output(airflow)
@@ -102,18 +107,19 @@ def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_t
         assert receiver(airflow).duplicates() > 0  # what the check prevents on 3.3
         return
     assert behind.returncode != 0, log[-5000:]
-    assert "JournalBehindError" in log and "is behind" in log and "82 IN_FLIGHT mark(s)" in log, log[-5000:]
+    assert "JournalBehindError" in log and "is behind" in log and f"{kept} IN_FLIGHT mark(s)" in log, log[-5000:]
     assert "on_journal_behind='verify'" in log
     assert receiver(airflow).counts() == delivered  # nothing sent
     assert statsd_sink.counters("airflow.resumable.")["journal_behind"] == [1]
-    # The CLI shows both counts (the mark read from Airflow's metadata database).
+    # The CLI shows both counts (the mark read from Airflow's metadata database); so does the page.
     shown = cli(airflow, "marks", job.job_id)
     assert shown.returncode == 0, shown.stderr
-    assert f"job {job.job_id}: 82 IN_FLIGHT mark(s) in the journal" in shown.stdout, shown.stdout
+    assert f"job {job.job_id}: {kept} IN_FLIGHT mark(s) in the journal" in shown.stdout, shown.stdout
     assert f"high-water mark of {DAG_ID}.send" in shown.stdout and "the journal is BEHIND" in shown.stdout
     (stored,) = json.loads(cli(airflow, "--json", "marks", job.job_id).stdout)["stored"]
-    assert stored["marks"] > 82 and stored["journal_behind"] and stored["task_id"] == "send"
-    page_says_behind(airflow, job.job_id, stored["marks"])
+    assert stored["marks"] > kept and stored["journal_behind"] and stored["task_id"] == "send"
+    if how == "files":
+        page_says_behind(airflow, job.job_id, stored["marks"])
 
     airflow.env["AIRFLOW__RESUMABLE__ON_JOURNAL_BEHIND"] = "verify"  # on-call's switch, no DAG edit
     settled = clear_and_rerun(airflow, run_id)
@@ -123,7 +129,7 @@ def test_a_restored_journal_is_refused_then_verify_completes_with_nothing_sent_t
     assert sorted(counts) == ITEMS and set(counts.values()) == {1}, "a duplicate or a lost item"
     summary = airflow.xcom(DAG_ID, "send", key="resumable_summary", run_id=run_id)
     # Items 83-150: delivered, forgotten by the restored journal, found at the receiver instead of sent.
-    assert summary["verified_steps"] >= 68 and summary["status"] == "completed", summary
+    assert summary["verified_steps"] >= 150 - kept and summary["status"] == "completed", summary
 
     assert "ok: the journal has every mark recorded" in cli(airflow, "marks", job.job_id).stdout
     # Re-based: a Clear without the switch is not refused and sends nothing.
@@ -137,7 +143,7 @@ def test_a_later_pass_whose_journal_went_back_after_the_batch_task_is_refused(ai
     """The second pass (batch_task_id) has no mark of its own yet: it starts from the count the batch
     task's summary recorded (200 marks), and the journal restored between the passes (82) is refused."""
     dag_id = "journal_behind_two_passes"
-    arm(airflow, "item-082", "back_up_journal")
+    arm(airflow, "item-082", "back_up_journal_files")
     done = airflow.dags_test(dag_id)
     log = output(airflow)
     counts = receiver(airflow).counts()
