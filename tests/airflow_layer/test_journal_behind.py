@@ -231,6 +231,42 @@ def test_a_promoted_asynchronous_standby_is_refused_then_verify_completes_with_n
 
 
 @pytest.mark.postgres_server
+def test_a_promoted_synchronous_standby_has_every_mark_and_the_retry_goes_on_with_nothing_sent_twice(
+    airflow, primary_and_standby
+):
+    """The table's last row: with synchronous replication a failover loses nothing; the retry is not
+    refused, verifies the send that was in flight and finishes."""
+    import psycopg
+
+    from tests.airflow_layer.test_airflow_shared_journal import connection, use_shared_journal
+    from tests.support.postgres_server import wait_until
+
+    primary, standby, database = primary_and_standby
+    with psycopg.connect(primary.url(database), autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET synchronous_standby_names = '*'")
+        conn.execute("SELECT pg_reload_conf()")
+        assert wait_until(lambda: conn.execute(
+            "SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'").fetchone()[0] == 1, 60)
+    use_shared_journal(airflow, primary.url(database))
+    dag_id = "journal_behind_shared"
+    arm(airflow, "item-151", "sigkill")
+    assert airflow.dags_test(dag_id).returncode != 0, "the try was to be SIGKILLed"
+    assert "asynchronously" not in output(airflow)
+    run_id = airflow.last_run_id(dag_id)
+
+    primary.kill()
+    standby.promote()
+    airflow.env["AIRFLOW_CONN_RESUMABLE_JOURNAL"] = connection(standby.url(database))
+    for _ in range(2):  # the killed try's instance: "restarting", then cleared
+        assert airflow.run("tasks", "clear", dag_id, "-t", "send", "-y").returncode == 0, output(airflow)
+    retried = airflow.rerun(dag_id, run_id)
+    log = output(airflow)
+    assert retried.returncode == 0 and "JournalBehindError" not in log, log[-5000:]
+    counts = receiver(airflow).counts()
+    assert sorted(counts) == ITEMS and set(counts.values()) == {1}, "a duplicate or a lost item"
+
+
+@pytest.mark.postgres_server
 def test_an_asynchronous_standby_is_named_once_and_a_role_that_cannot_see_it_is_told_at_debug_level(
     primary_and_standby, caplog
 ):
