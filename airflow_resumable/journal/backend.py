@@ -138,6 +138,11 @@ class JournalBackend(Protocol):
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
 
+    def incarnation(self) -> str:
+        """What changes when the journal could have lost commits without a run noticing: its host
+        rebooted or its file was replaced (SQLite), its server restarted or another took over (PostgreSQL)."""
+        ...
+
     def write(self, *, durable: bool) -> contextlib.AbstractContextManager[Tx]:
         """One short write transaction.
 

@@ -80,6 +80,10 @@ class StepJournal(JournalReads, JournalDecisions, JournalHousekeeping):
     def kind(self) -> str:
         return self.engine.kind
 
+    def incarnation(self) -> str:
+        """What changes when the journal could have lost commits without a run noticing (SPEC §13)."""
+        return self.engine.incarnation()
+
     @property
     def shared(self) -> bool:
         """Whether any worker may open this journal (a database server), or only the worker whose disk holds it."""

@@ -466,6 +466,11 @@ class PostgresBackend(EngineBase):
     def seen_table_ddl(self, table: str) -> str:
         return f"CREATE TEMP TABLE {table} (n BIGSERIAL PRIMARY KEY, item_id TEXT NOT NULL UNIQUE, digest TEXT NOT NULL)"
 
+    def incarnation(self) -> str:
+        """The server's start: a crash-restart, or a standby promoted in its place, changes it."""
+        ((started,),) = self.read("SELECT CAST(EXTRACT(EPOCH FROM pg_postmaster_start_time()) AS TEXT)")
+        return f"postgres:{started}"
+
     def read(self, statement: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         conn = self._connection
         try:

@@ -95,6 +95,10 @@ class SqliteTx:
         return int(self.conn.execute(sql, params).lastrowid or 0)
 
 
+# Linux's id of the current boot of the host (a new one after every reboot).
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+
+
 class SqliteBackend(EngineBase):
     """The engine of a SQLite step journal on a local disk.
 
@@ -466,6 +470,18 @@ class SqliteBackend(EngineBase):
                 raise self._disk_full("ENOSPC on fsync") from None
             raise
         self.fsync_count += 1
+
+    def incarnation(self) -> str:
+        """The host's boot and the file's number: a reboot (a crash can drop commits not yet synced)
+        changes it, and so does a file put in the journal's place under another number (a restore may reuse
+        the old number: the count, not this, catches a restore)."""
+        try:
+            with open(BOOT_ID, encoding="ascii") as f:
+                boot = f.read().strip()
+        except OSError:  # not Linux: the boot is unknown, so every open window is verified
+            boot = "unknown"
+        st = os.stat(self.path)
+        return f"sqlite:{boot}:{st.st_dev}:{st.st_ino}"
 
     def read(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         try:

@@ -14,7 +14,10 @@ items in the middle of their steps when it was written and the next few the run 
 is started before a record covering it is in the store; the next record is written while this
 window's items are being sent, so the run waits for the store only when the window runs out first.
 Should the journal lose the marks of an open window (its host crashed, or it was copied while the run
-ran), the count does not show it: the next run verifies the window's items before it sends them. A run
+ran), the count does not show it: the next run verifies the window's items before it sends them - unless
+the journal is the very one the window was recorded against (``StepJournal.incarnation()``: the same file
+on the same boot of its host, the same run of its server), which has kept every commit: then the window
+was left open by a try that was killed, and its marks say all that was sent. A run
 that ends in Python (done, failed, stopped) writes a last record with the final count and no window; a
 run that finishes the batch re-bases a mark the journal was behind.
 """
@@ -83,11 +86,14 @@ def _now() -> str:
 
 
 def mark_record(*, journal_id: str, job: str, marks: int, by: str | None, window: Iterable[bytes] = (),
-                open_: bool = False, behind: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """A record of the mark as a store keeps it (JSON): the journal's count, and the window's item hashes."""
+                open_: bool = False, behind: Mapping[str, Any] | None = None,
+                incarnation: str | None = None) -> dict[str, Any]:
+    """A record of the mark as a store keeps it (JSON): the journal's count, the window's item hashes, and
+    the journal's incarnation (``StepJournal.incarnation()``) when it was written."""
     return {
         "format": RECORD_FORMAT, "journal_id": journal_id, "job": job, "marks": marks, "open": open_,
         "window": base64.b64encode(b"".join(window)).decode("ascii"), "behind": behind, "at": _now(), "by": by,
+        "incarnation": incarnation,
     }
 
 
@@ -101,13 +107,15 @@ class HighWater:
     """
 
     def __init__(self, store: MarkStore, run: JobRun, *, journal: str, journal_id: str, label: str | None,
-                 on_behind: str = "refuse", concurrency: int = 1, all_verifiable: bool = False) -> None:
+                 on_behind: str = "refuse", concurrency: int = 1, all_verifiable: bool = False,
+                 incarnation: str | None = None) -> None:
         self.store = store
         self.run = run
         self.journal = journal
         self.journal_id = journal_id
         self.label = label
         self.on_behind = check_on_journal_behind(on_behind)
+        self.incarnation = incarnation
         self.verify_all = False  # the journal was found behind: every unrecorded send asks first
         self.behind: dict[str, Any] | None = None
         self.suspects: set[bytes] = set()  # an open window's items, not yet settled by this run
@@ -154,7 +162,12 @@ class HighWater:
                         "the receiver first, and a step without verify is held", self.journal, self.run.job_id,
                         behind["journal_marks"], behind["stored_marks"], behind.get("at"), behind.get("by"))
             return
-        if record.get("open"):
+        if record.get("open") and self.incarnation is not None and record.get("incarnation") == self.incarnation:
+            # The same journal, on the same boot of its host (or the same server run): whatever it committed
+            # is still there - the try that left the window open was killed, and its marks say what it sent.
+            log.info("high-water mark: the last run of job %s ended with a window open (it was killed); the journal "
+                     "is the one it wrote to, with every commit: nothing to verify", self.run.job_id)
+        elif record.get("open"):
             self.suspects = set(_decode_window(record.get("window")))
             if self.suspects:
                 log.warning("high-water mark: the last run of job %s ended with a window of %d item(s) open (it "
@@ -233,7 +246,7 @@ class HighWater:
 
     def _record(self, marks: int, window: Iterable[bytes], *, open_: bool) -> dict[str, Any]:
         return mark_record(journal_id=self.journal_id, job=self.run.job_id, marks=marks, by=self.label,
-                           window=window, open_=open_, behind=self.behind)
+                           window=window, open_=open_, behind=self.behind, incarnation=self.incarnation)
 
     def _issue(self) -> None:
         ahead = self._ahead()

@@ -214,10 +214,20 @@ def _window(record: dict) -> set[bytes]:
     return {raw[i:i + 8] for i in range(0, len(raw), 8)}
 
 
-def crash_with_the_journal_host(tmp_path: Path, receiver: Receiver, store: FileStore, *, verify: bool) -> set[str]:
+def reboot(monkeypatch, tmp_path: Path) -> None:
+    """The journal's host starts again (a crash): a new boot id."""
+    from airflow_resumable.journal import sqlite as journal_sqlite
+
+    boot = tmp_path / "boot_id"
+    boot.write_text("after-the-crash\n")
+    monkeypatch.setattr(journal_sqlite, "BOOT_ID", str(boot))
+
+
+def crash_with_the_journal_host(tmp_path: Path, receiver: Receiver, store: FileStore, monkeypatch, *,
+                                verify: bool) -> set[str]:
     """The journal's host crashes while a window is open: the journal comes back as it was when the sixth
-    record landed (the marks committed after it are gone), and the runner's process is gone with it (no
-    record lands after that one). Returns the items the open window named."""
+    record landed (the marks committed after it are gone), the runner's process is gone with it (no
+    record lands after that one), and the host has a new boot. Returns the items the open window named."""
     db, snapshot = tmp_path / "journal.db", tmp_path / "snapshot.db"
     landed: list[dict] = []
 
@@ -232,6 +242,7 @@ def crash_with_the_journal_host(tmp_path: Path, receiver: Receiver, store: FileS
         run_batch(journal, JOB, ITEMS, steps(receiver, verify=verify), high_water=store)
     store.after_write, store.dead = None, False
     restore(snapshot, db)
+    reboot(monkeypatch, tmp_path)
     record = store.read()
     assert record == landed[-1] and record["open"]
     window = {item["id"] for item in ITEMS if item_hash(item["id"]) in _window(record)}
@@ -244,9 +255,9 @@ def crash_with_the_journal_host(tmp_path: Path, receiver: Receiver, store: FileS
     return window
 
 
-def test_a_crash_of_the_journal_host_inside_a_window_verifies_the_window_before_sending(tmp_path):
+def test_a_crash_of_the_journal_host_inside_a_window_verifies_the_window_before_sending(tmp_path, monkeypatch):
     receiver, store = Receiver(), FileStore(tmp_path / "mark.json")
-    window = crash_with_the_journal_host(tmp_path, receiver, store, verify=True)
+    window = crash_with_the_journal_host(tmp_path, receiver, store, monkeypatch, verify=True)
     with StepJournal(tmp_path / "journal.db") as journal:
         result = run_batch(journal, JOB, ITEMS, steps(receiver), high_water=store)
         assert result.status == "completed" and result.verified_steps >= 1
@@ -255,9 +266,9 @@ def test_a_crash_of_the_journal_host_inside_a_window_verifies_the_window_before_
     assert len(window) < 100
 
 
-def test_without_verify_the_open_windows_items_the_journal_forgot_are_held_not_sent(tmp_path):
+def test_without_verify_the_open_windows_items_the_journal_forgot_are_held_not_sent(tmp_path, monkeypatch):
     receiver, store = Receiver(), FileStore(tmp_path / "mark.json")
-    window = crash_with_the_journal_host(tmp_path, receiver, store, verify=False)
+    window = crash_with_the_journal_host(tmp_path, receiver, store, monkeypatch, verify=False)
     with StepJournal(tmp_path / "journal.db") as journal:
         result = run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
         held = {h.item_id for h in result.held}
@@ -309,3 +320,39 @@ def test_on_journal_behind_must_be_a_known_value_and_the_journal_is_unchanged(tm
                       on_journal_behind="sometimes")
         assert not journal.has_job(JOB)
     assert not (tmp_path / "m.json").exists()
+
+
+def test_a_try_killed_with_a_window_open_on_the_same_journal_has_nothing_to_verify(tmp_path):
+    """The runner's process dies (no record lands after the sixth) but the journal is the one it wrote to,
+    on the same boot: every mark it committed is there, so the window's items are neither asked about nor
+    held - a step without verify sends the ones never sent, once."""
+    receiver, store = Receiver(), FileStore(tmp_path / "mark.json")
+    landed: list[dict] = []
+
+    def after_write(record: dict) -> None:
+        landed.append(record)
+        if len(landed) == 6:
+            store.dead = True
+
+    store.after_write = after_write
+    with StepJournal(tmp_path / "journal.db") as journal:
+        with pytest.raises(Killed):
+            run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
+        store.after_write, store.dead = None, False
+        assert store.read()["open"] and store.read()["incarnation"] == journal.incarnation()
+        result = run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
+        assert (result.status, result.held, result.verified_steps) == ("completed", [], 0)
+    assert receiver.duplicates() == 0 and len(receiver.counts) == N
+
+
+def test_the_incarnation_changes_with_the_hosts_boot_not_when_the_journal_is_reopened(journal_location, tmp_path,
+                                                                                       monkeypatch):
+    with StepJournal(journal_location) as journal:
+        first = journal.incarnation()
+    with StepJournal(journal_location) as journal:
+        assert journal.incarnation() == first
+    if journal_location.startswith("postgresql://"):
+        return  # a server restart or a promoted standby changes it (tests/airflow_layer/test_journal_behind.py)
+    reboot(monkeypatch, tmp_path)
+    with StepJournal(journal_location) as journal:
+        assert journal.incarnation() != first
