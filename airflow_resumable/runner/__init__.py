@@ -160,9 +160,7 @@ def run_batch(
         hw = None
         if high_water is not None:
             hw = HighWater(high_water, run, journal=journal.location, journal_id=journal.journal_id, label=runner,
-                           on_behind=on_journal_behind, concurrency=concurrency,
-                           all_verifiable=all(s.verify is not None for s in checked_steps if s.side_effect),
-                           incarnation=journal.incarnation())
+                           on_behind=on_journal_behind, concurrency=concurrency, incarnation=journal.incarnation())
             hw.start()  # a journal found behind is refused here, before anything is sent
             batch.high_water = hw
         driver = _Sequential(batch, stop) if concurrency == 1 else _Concurrent(batch, concurrency, stop)

@@ -181,14 +181,20 @@ def _with_next(chunks: Iterator[list[object]], *, read_ahead: bool) -> Iterator[
         current = following
 
 
-def _planned_ids(chunk: list[object], id_field: str) -> Iterator[str]:
+def _planned_ids(chunk: list[object], id_field: str) -> list[str]:
     """The ids of a chunk's items as far as they can be read (an invalid item ends them: the chunk is
     refused when its turn comes)."""
+    ids = []
     for position, item in enumerate(chunk):
+        raw = item.get(id_field) if type(item) is dict else None
+        if type(raw) is str and raw.strip():  # the usual id, taken as _item_id takes it
+            ids.append(raw)
+            continue
         try:
-            yield _item_id(item, id_field, position)
+            ids.append(_item_id(item, id_field, position))
         except Exception:  # noqa: BLE001
-            return
+            break
+    return ids
 
 
 def _chunks(items: Iterable[object]) -> Iterator[list[object]]:
@@ -331,20 +337,9 @@ class _Batch:
             self.paces[step.name] = pace
 
     def steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
-        if self.high_water is None:
-            return self._steps_of(p, rows)
-        return self._tracked(self.high_water, p, rows)
-
-    def _tracked(self, high_water: HighWater, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
-        """An item's steps, telling the high-water mark when they ended (settled: not cut short)."""
-        settled = False
-        try:
-            yield from self._steps_of(p, rows)
-            settled = True
-        finally:
-            high_water.release(p.item_id, settled=settled)
-
-    def _steps_of(self, p: _Prepared, rows: Mapping[str, StepState]) -> ItemSteps:
+        """An item's steps (a generator the driver advances). The high-water mark, if kept, is told when
+        they end: done, held, or left for the next try (an item cut short by a failing run stays in its
+        window: the run's last record is written without one)."""
         job_id, result = self.run.job_id, self.result
         outputs: dict[str, str | None] = {}  # step -> recorded JSON, decoded only if a later step asks
         for step in self.steps:
@@ -414,6 +409,8 @@ class _Batch:
                 outputs[step.name] = self._run_local(step, p, ctx)
             result.executed_steps += 1
         result.items_completed += 1
+        if self.high_water is not None:
+            self.high_water.release(p.item_id, settled=True)
 
     def _verify_first(self, step: Step, p: _Prepared, ctx: StepContext, row: StepState | None) -> object:
         """A send the journal has no record of, where it may have lost one: its encoded receipt if the
@@ -563,6 +560,8 @@ class _Batch:
 
     def _give_up(self, task: Task, why: str) -> object:
         self.result.gave_up += 1
+        if self.high_water is not None:  # no more sends of it in this run; its row says it was not sent
+            self.high_water.release(task.item.item_id, settled=True)
         log.warning("item %s: %s left for the next try (%s); nothing was held", task.item.item_id, task.step.name,
                     why)
         return _ITEM_STOPS

@@ -46,12 +46,15 @@ RECORD_FORMAT = 1
 # state store value may take.
 WINDOW_MAX = 4000
 HASH_BYTES = 8
-# The first windows' size (items beyond those in progress), before a rate has been seen.
+# A window spans about this long at the run's pace, or four of the store's round trips if that is longer:
+# the next record is written when half of it is left, so the stored count trails the journal's by a
+# tenth of a second of the run (a restore older than that is refused) at about ten writes a second at
+# most. Never fewer than MIN_AHEAD items beyond those in progress; FIRST_AHEAD before the pace is known.
+# A window's items are asked about only after the journal may have lost commits (a host crash, a
+# failover): the journal's incarnation changed.
+WINDOW_SECONDS = 0.2
 MIN_AHEAD = 16
-# When every send can be looked up (each side-effect step has verify), a window spans about this long
-# at the run's pace: about eight records a second at most. Otherwise windows stay as small as the store's
-# latency allows: an open window's items without verify are held after a crash.
-WINDOW_SECONDS = 0.25
+FIRST_AHEAD = 64
 
 
 class MarkStore(Protocol):
@@ -65,7 +68,7 @@ class MarkStore(Protocol):
 
 
 def item_hash(item_id: str) -> bytes:
-    return hashlib.blake2b(item_id.encode("utf-8"), digest_size=HASH_BYTES).digest()
+    return hashlib.blake2b(item_id.encode("utf-8", "surrogatepass"), digest_size=HASH_BYTES).digest()
 
 
 def _decode_window(text: object) -> frozenset[bytes]:
@@ -107,8 +110,7 @@ class HighWater:
     """
 
     def __init__(self, store: MarkStore, run: JobRun, *, journal: str, journal_id: str, label: str | None,
-                 on_behind: str = "refuse", concurrency: int = 1, all_verifiable: bool = False,
-                 incarnation: str | None = None) -> None:
+                 on_behind: str = "refuse", concurrency: int = 1, incarnation: str | None = None) -> None:
         self.store = store
         self.run = run
         self.journal = journal
@@ -121,9 +123,9 @@ class HighWater:
         self.suspects: set[bytes] = set()  # an open window's items, not yet settled by this run
         self.writes = 0
         self.waited = 0.0
-        self._plan: deque[tuple[str, bytes]] = deque()  # (item id, its hash), in the order items come
+        self._plan: deque[str] = deque()  # item ids, in the order the run reaches them
         self._pos = 0  # plan entries passed so far (the next planned item's number)
-        self._live: dict[str, bytes] = {}
+        self._live: set[str] = set()
         self._landed_end = 0  # plan entries before this number are covered by the record in the store
         self._pending: Future[None] | None = None
         self._pending_end = 0  # ... and before this one by the record being written
@@ -131,7 +133,6 @@ class HighWater:
         self._pool: ThreadPoolExecutor | None = None
         self._latency = 0.05
         self._floor = max(MIN_AHEAD, 2 * concurrency)
-        self._span = WINDOW_SECONDS if all_verifiable else 0.0
         self._admitted = 0
         self._started: float | None = None  # the first admission (the pace is the run's, not its start's)
         self._waited_before = 0.0
@@ -199,19 +200,19 @@ class HighWater:
     # -- windows -------------------------------------------------------------------------------
 
     def plan(self, item_ids: Iterable[str]) -> None:
-        """The ids of items read in, in the order the run will reach them (each hashed once, here)."""
-        self._plan.extend((item_id, item_hash(item_id)) for item_id in item_ids)
+        """The ids of items read in, in the order the run will reach them."""
+        self._plan.extend(item_ids)
         if self._pending is None and self._landed_end == 0 and self._plan:
             self._issue()  # the first record is written while the first items are read in
 
     def admit(self, item_id: str) -> None:
         """Before ``item_id``'s steps start: wait until a record in the store covers it."""
         plan = self._plan
-        while plan and plan[0][0] != item_id:  # items passed over (finished ones)
+        while plan and plan[0] != item_id:  # items passed over (finished ones)
             plan.popleft()
             self._pos += 1
         if not plan:
-            plan.append((item_id, item_hash(item_id)))  # not planned (it should have been): covered all the same
+            plan.append(item_id)  # not planned (it should have been): covered all the same
         number = self._pos
         if self._pending is not None and self._pending.done():
             self._wait()
@@ -219,29 +220,31 @@ class HighWater:
             if self._pending is None:
                 self._issue()
             self._wait()
-        self._live[item_id] = plan.popleft()[1]
+        self._live.add(plan.popleft())
         self._pos += 1
         self._admitted += 1
         if self._started is None:
             self._started, self._waited_before = time.monotonic(), self.waited
-        if self._pending is None and self._landed_end - self._pos <= self._half:
+        left = self._landed_end - self._pos  # covered items not started yet
+        if self._pending is None and left <= self._half and len(plan) > left:  # and the plan goes beyond them
             self._issue()
 
     def release(self, item_id: str, *, settled: bool) -> None:
         """``item_id``'s steps ended (``settled``: with a row for every send it reached)."""
-        h = self._live.pop(item_id, None)
+        self._live.discard(item_id)
         if settled and self.suspects:
-            self.suspects.discard(h if h is not None else item_hash(item_id))
+            self.suspects.discard(item_hash(item_id))
 
     def _ahead(self) -> int:
-        """Items a new record covers beyond those in progress: what the run starts in four writes' time
-        (it issues the next record when half are left) - the run's pace measured without its waits for
-        the store, which would otherwise keep the windows as small as they started."""
-        if self._started is None:
-            return self._floor
-        working = time.monotonic() - self._started - (self.waited - self._waited_before)
-        rate = self._admitted / working if working > 0 and self._admitted >= 4 else 0.0
-        wanted = max(self._floor, int(rate * max(4 * self._latency, self._span)) + 1)
+        """Items a new record covers beyond those in progress: what the run starts in WINDOW_SECONDS, or in
+        four writes' time if the store is slower (the next record is issued when half are left) - the
+        run's pace measured without its waits for the store, which would keep the windows small."""
+        working = 0.0 if self._started is None else (
+            time.monotonic() - self._started - (self.waited - self._waited_before))
+        if working <= 0 or self._admitted < 4:
+            wanted = max(self._floor, FIRST_AHEAD)
+        else:
+            wanted = max(self._floor, int(self._admitted / working * max(4 * self._latency, WINDOW_SECONDS)) + 1)
         return max(1, min(wanted, WINDOW_MAX - len(self._live) - len(self.suspects)))
 
     def _record(self, marks: int, window: Iterable[bytes], *, open_: bool) -> dict[str, Any]:
@@ -249,10 +252,9 @@ class HighWater:
                            window=window, open_=open_, behind=self.behind, incarnation=self.incarnation)
 
     def _issue(self) -> None:
-        ahead = self._ahead()
-        self._half = ahead // 2
-        upcoming = [h for _, h in itertools.islice(self._plan, ahead)]
-        window = frozenset((*self._live.values(), *self.suspects, *upcoming))
+        upcoming = list(itertools.islice(self._plan, self._ahead()))
+        self._half = len(upcoming) // 2
+        window = {*self.suspects, *map(item_hash, self._live), *map(item_hash, upcoming)}
         # Every mark committed after this count is of an item in progress now or one of the upcoming ones.
         record = self._record(self.run.marks(), window, open_=True)
         if self._pool is None:
