@@ -88,14 +88,19 @@ def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _encode(hashes: Iterable[bytes]) -> str:
+    return base64.b64encode(b"".join(hashes)).decode("ascii")
+
+
 def mark_record(*, journal_id: str, job: str, marks: int, by: str | None, window: Iterable[bytes] = (),
-                open_: bool = False, behind: Mapping[str, Any] | None = None,
-                incarnation: str | None = None) -> dict[str, Any]:
-    """A record of the mark as a store keeps it (JSON): the journal's count, the window's item hashes, and
-    the journal's incarnation (``StepJournal.incarnation()``) when it was written."""
+                open_: bool = False, behind: Mapping[str, Any] | None = None, incarnation: str | None = None,
+                suspects: Iterable[bytes] = ()) -> dict[str, Any]:
+    """A record of the mark as a store keeps it (JSON): the journal's count, the window's item hashes, the
+    journal's incarnation (``StepJournal.incarnation()``) when it was written, and the items of an earlier
+    window that still must be asked about whatever the incarnation (``suspects``)."""
     return {
         "format": RECORD_FORMAT, "journal_id": journal_id, "job": job, "marks": marks, "open": open_,
-        "window": base64.b64encode(b"".join(window)).decode("ascii"), "behind": behind, "at": _now(), "by": by,
+        "window": _encode(window), "suspects": _encode(suspects), "behind": behind, "at": _now(), "by": by,
         "incarnation": incarnation,
     }
 
@@ -163,13 +168,15 @@ class HighWater:
                         "the receiver first, and a step without verify is held", self.journal, self.run.job_id,
                         behind["journal_marks"], behind["stored_marks"], behind.get("at"), behind.get("by"))
             return
+        # Items a run after a lost window did not get to settle: asked about whatever happened since.
+        self.suspects = set(_decode_window(record.get("suspects")))
         if record.get("open") and self.incarnation is not None and record.get("incarnation") == self.incarnation:
             # The same journal, on the same boot of its host (or the same server run): whatever it committed
             # is still there - the try that left the window open was killed, and its marks say what it sent.
             log.info("high-water mark: the last run of job %s ended with a window open (it was killed); the journal "
                      "is the one it wrote to, with every commit: nothing to verify", self.run.job_id)
         elif record.get("open"):
-            self.suspects = set(_decode_window(record.get("window")))
+            self.suspects |= _decode_window(record.get("window"))
             if self.suspects:
                 log.warning("high-water mark: the last run of job %s ended with a window of %d item(s) open (it "
                             "was killed, or the journal's host crashed): those items are verified before they are "
@@ -249,12 +256,13 @@ class HighWater:
 
     def _record(self, marks: int, window: Iterable[bytes], *, open_: bool) -> dict[str, Any]:
         return mark_record(journal_id=self.journal_id, job=self.run.job_id, marks=marks, by=self.label,
-                           window=window, open_=open_, behind=self.behind, incarnation=self.incarnation)
+                           window=window, open_=open_, behind=self.behind, incarnation=self.incarnation,
+                           suspects=self.suspects)
 
     def _issue(self) -> None:
         upcoming = list(itertools.islice(self._plan, self._ahead()))
         self._half = len(upcoming) // 2
-        window = {*self.suspects, *map(item_hash, self._live), *map(item_hash, upcoming)}
+        window = {*map(item_hash, self._live), *map(item_hash, upcoming)}
         # Every mark committed after this count is of an item in progress now or one of the upcoming ones.
         record = self._record(self.run.marks(), window, open_=True)
         if self._pool is None:
@@ -299,7 +307,7 @@ class HighWater:
                     log.warning("high-water mark: job %s went through the whole batch with every unrecorded send "
                                 "verified; the mark is re-based to the journal's count", self.run.job_id)
                 self.behind = None
-            self.store.write(self._record(self.run.marks(), self.suspects, open_=bool(self.suspects)))
+            self.store.write(self._record(self.run.marks(), (), open_=False))
             self.writes += 1
         finally:
             if self._pool is not None:

@@ -356,3 +356,27 @@ def test_the_incarnation_changes_with_the_hosts_boot_not_when_the_journal_is_reo
     reboot(monkeypatch, tmp_path)
     with StepJournal(journal_location) as journal:
         assert journal.incarnation() != first
+
+
+def test_items_of_a_lost_window_are_still_asked_about_after_the_next_try_is_killed(tmp_path, monkeypatch):
+    """After a host crash the next try is killed too, on the new boot, before it got to every item of the
+    lost window: the try after it (same boot, same journal) still treats those items as suspects."""
+    receiver, store = Receiver(), FileStore(tmp_path / "mark.json")
+    window = crash_with_the_journal_host(tmp_path, receiver, store, monkeypatch, verify=False)
+    landed: list[dict] = []
+
+    def after_write(record: dict) -> None:
+        landed.append(record)
+        store.dead = True
+
+    store.after_write = after_write
+    with StepJournal(tmp_path / "journal.db") as journal:
+        with pytest.raises(Killed):  # the second try dies when it needs its second record
+            run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
+        store.after_write, store.dead = None, False
+        carried = _window({"window": store.read()["suspects"]})
+        assert store.read()["incarnation"] == journal.incarnation() and carried
+        result = run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
+        held = {h.item_id for h in result.held}
+        assert held and held <= window and {item_hash(i) for i in held} <= carried
+    assert receiver.duplicates() == 0
