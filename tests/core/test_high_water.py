@@ -223,24 +223,35 @@ def reboot(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.setattr(journal_sqlite, "BOOT_ID", str(boot))
 
 
+def run_killed_after_the_first_record(journal: StepJournal, receiver: Receiver, store: FileStore, *,
+                                      verify: bool, at_record=None) -> list[dict]:
+    """Run until the process dies: the first record lands (``at_record(record)`` is called then), no
+    other does, and the run stops when it needs the next. Returns the records that landed."""
+    landed: list[dict] = []
+
+    def after_write(record: dict) -> None:
+        landed.append(record)
+        if at_record is not None:
+            at_record(record)
+        store.dead = True
+
+    store.after_write = after_write
+    with pytest.raises(Killed):
+        run_batch(journal, JOB, ITEMS, steps(receiver, verify=verify), high_water=store)
+    store.after_write, store.dead = None, False
+    assert len(landed) == 1 and 0 < len(receiver.counts) < N
+    return landed
+
+
 def crash_with_the_journal_host(tmp_path: Path, receiver: Receiver, store: FileStore, monkeypatch, *,
                                 verify: bool) -> set[str]:
     """The journal's host crashes while a window is open: the journal comes back as it was when the first
     record landed (the marks committed after it are gone), the runner's process is gone with it (no record
     lands after the first), and the host has a new boot. Returns the items the open window named."""
     db, snapshot = tmp_path / "journal.db", tmp_path / "snapshot.db"
-    landed: list[dict] = []
-
-    def after_write(record: dict) -> None:
-        landed.append(record)
-        copy_files(db, snapshot)
-        store.dead = True
-
-    store.after_write = after_write
-    with StepJournal(db) as journal, pytest.raises(Killed):  # dies when it needs the next record
-        run_batch(journal, JOB, ITEMS, steps(receiver, verify=verify), high_water=store)
-    store.after_write, store.dead = None, False
-    assert len(landed) == 1 and 0 < len(receiver.counts) < N
+    with StepJournal(db) as journal:
+        landed = run_killed_after_the_first_record(journal, receiver, store, verify=verify,
+                                                   at_record=lambda record: copy_files(db, snapshot))
     restore(snapshot, db)
     reboot(monkeypatch, tmp_path)
     record = store.read()
@@ -327,18 +338,8 @@ def test_a_try_killed_with_a_window_open_on_the_same_journal_has_nothing_to_veri
     to, on the same boot: every mark it committed is there, so the window's items are neither asked
     about nor held - a step without verify sends the ones never sent, once."""
     receiver, store = Receiver(), FileStore(tmp_path / "mark.json")
-    landed: list[dict] = []
-
-    def after_write(record: dict) -> None:
-        landed.append(record)
-        store.dead = True
-
-    store.after_write = after_write
     with StepJournal(tmp_path / "journal.db") as journal:
-        with pytest.raises(Killed):  # dies when it needs the next record
-            run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
-        store.after_write, store.dead = None, False
-        assert len(landed) == 1 and 0 < len(receiver.counts) < N
+        run_killed_after_the_first_record(journal, receiver, store, verify=False)
         assert store.read()["open"] and store.read()["incarnation"] == journal.incarnation()
         result = run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
         assert (result.status, result.held, result.verified_steps) == ("completed", [], 0)
@@ -363,17 +364,8 @@ def test_items_of_a_lost_window_are_still_asked_about_after_the_next_try_is_kill
     lost window: the try after it (same boot, same journal) still treats those items as suspects."""
     receiver, store = Receiver(), FileStore(tmp_path / "mark.json")
     window = crash_with_the_journal_host(tmp_path, receiver, store, monkeypatch, verify=False)
-    landed: list[dict] = []
-
-    def after_write(record: dict) -> None:
-        landed.append(record)
-        store.dead = True
-
-    store.after_write = after_write
     with StepJournal(tmp_path / "journal.db") as journal:
-        with pytest.raises(Killed):  # the second try dies when it needs its second record
-            run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
-        store.after_write, store.dead = None, False
+        run_killed_after_the_first_record(journal, receiver, store, verify=False)  # the second try
         carried = _window({"window": store.read()["suspects"]})
         assert store.read()["incarnation"] == journal.incarnation() and carried
         result = run_batch(journal, JOB, ITEMS, steps(receiver, verify=False), high_water=store)
