@@ -28,6 +28,11 @@ class StoredMark:
     open: bool
     behind: dict[str, Any] | None
 
+    def journal_behind(self, journal_marks: int) -> bool:
+        """Whether tries of this task are refused: the journal has fewer marks, or a try found it so and
+        no try with on_journal_behind="verify" has finished since."""
+        return self.behind is not None or journal_marks < self.marks
+
 
 def stored_marks(job_id: str) -> list[StoredMark] | str:
     """The marks recorded for ``job_id``, one per task instance that ran it; or why none can be read here."""

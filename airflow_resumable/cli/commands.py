@@ -160,7 +160,7 @@ def print_marks(out: Any, args: argparse.Namespace, journal: StepJournal) -> Non
         out.write(json.dumps({
             "job_id": args.job_id, "journal_marks": count,
             "stored": [] if isinstance(stored, str) else [
-                {**dataclasses.asdict(m), "journal_behind": m.behind is not None or count < m.marks} for m in stored],
+                {**dataclasses.asdict(m), "journal_behind": m.journal_behind(count)} for m in stored],
             "stored_unavailable": stored if isinstance(stored, str) else None,
         }) + "\n")
         return
@@ -173,7 +173,7 @@ def print_marks(out: Any, args: argparse.Namespace, journal: StepJournal) -> Non
     for m in stored:
         where = f"{printable(m.dag_id)}.{printable(m.task_id)}" + (f"[{m.map_index}]" if m.map_index >= 0 else "")
         state = "ok: the journal has every mark recorded"
-        if m.behind is not None or count < m.marks:
+        if m.journal_behind(count):
             state = ("the journal is BEHIND: tries are refused (on_journal_behind=verify, then Clear, lets one go on "
                      "asking the receiver first)")
             if m.behind is not None:

@@ -338,7 +338,7 @@ class ResumableBatchOperator(BaseOperator):
                                  "journal restored from a backup or failed over to a standby that had not received "
                                  "everything is not detected (SPEC §13)")
             elif self.batch_task_id is not None and continued_in is not None:
-                self._carry_mark(context, store, job_id, continued_in)
+                self._carry_mark(context, _TaskStateMarks(store), job_id, continued_in)
             self._last_progress: BatchProgress | None = None
             try:
                 result = run_batch(
@@ -376,18 +376,18 @@ class ResumableBatchOperator(BaseOperator):
             raise held_items_error(result, self.steps)
         return summary
 
-    def _carry_mark(self, context: Context, store: Any, job_id: str, journal_id: str) -> None:
+    def _carry_mark(self, context: Context, marks_store: _TaskStateMarks, job_id: str, journal_id: str) -> None:
         """A later pass starts from the count the batch task's summary recorded, until it keeps a mark of
         its own: a journal that went back between the two passes is refused all the same. (A count is
         data, not a location: the journal itself is never taken from XCom.)"""
-        if store.get(HIGH_WATER_STORE_KEY) is not None:
+        if marks_store.read() is not None:
             return
         summary = context["ti"].xcom_pull(task_ids=self.batch_task_id, key=SUMMARY_XCOM_KEY)
         marks = summary.get("journal_marks") if isinstance(summary, dict) else None
         if type(marks) is not int or marks < 0:
             return  # a summary of an older release
-        store_forever(store, HIGH_WATER_STORE_KEY, mark_record(
-            journal_id=journal_id, job=job_id, marks=marks, by=f"task {self.batch_task_id} (its summary)"))
+        marks_store.write(mark_record(journal_id=journal_id, job=job_id, marks=marks,
+                                      by=f"task {self.batch_task_id} (its summary)"))
 
     def _guard_worker(
         self, context: Context, journal: StepJournal, job_id: str, hostname: str, *, started: object,

@@ -133,7 +133,7 @@ def _high_water(journal: StepJournal, job_id: str) -> dict[str, Any]:
     marks = [] if isinstance(stored, str) else [
         {"dag_id": m.dag_id, "run_id": m.run_id, "task_id": m.task_id, "map_index": m.map_index, "marks": m.marks,
          "recorded_at": m.at, "recorded_by": m.by, "window_open": m.open,
-         "journal_behind": m.behind is not None or count < m.marks} for m in stored]
+         "journal_behind": m.journal_behind(count)} for m in stored]
     return {"journal_marks": count, "stored": marks, "stored_unavailable": stored if isinstance(stored, str) else None,
             "behind": [m for m in marks if m["journal_behind"]]}
 
